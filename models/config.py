@@ -1,0 +1,64 @@
+"""Typed model config: one home for every model default."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class ModelSource(Enum):
+    tiny = "tiny"
+    """Built locally from `tiny` (architecture + seed), with a locally trained tokenizer."""
+    gguf = "gguf"
+    """A GGUF file shipped inside a Python package, dequantized once into a cached HF directory."""
+    hf = "hf"
+    """A local HF directory or a hub id (hub ids need a reachable hub)."""
+
+
+class Arch(Enum):
+    qwen2 = "qwen2"
+    llama = "llama"
+
+
+@dataclass
+class TinyArchConfig:
+    arch: Arch = Arch.qwen2
+    hidden_size: int = 128
+    """head_dim = hidden_size / num_heads must be >= 32 for vLLM-CPU; 64 is safe."""
+    num_layers: int = 2
+    num_heads: int = 2
+    num_kv_heads: int = 1
+    intermediate_size: int = 384
+    vocab_size: int = 400
+    """Target BPE vocab size of the locally trained tokenizer (special tokens included)."""
+    max_position_embeddings: int = 512
+    seed: int = 0
+    """Weights and tokenizer are deterministic functions of this config."""
+
+
+@dataclass
+class ModelConfig:
+    name: str = "tiny"
+    """Human-readable name; used in cache paths and reports."""
+    source: ModelSource = ModelSource.tiny
+    path: str = ""
+    """source=hf: a local directory or a hub id. source=gguf: `<python package>/<file.gguf>`."""
+    dtype: str = "float32"
+    """Training/generation dtype: float32, bfloat16 or float16."""
+    tiny: TinyArchConfig = field(default_factory=TinyArchConfig)
+    """Only read when source=tiny."""
+    hub_hint: str = ""
+    """Shown when the model is not available locally: how to get it."""
+
+    def __post_init__(self) -> None:
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"model.dtype={self.dtype!r}: expected float32, bfloat16 or float16")
+        if self.source in (ModelSource.hf, ModelSource.gguf) and not self.path:
+            raise ValueError(f"model.path is required when model.source={self.source.value} (model {self.name!r})")
+        if self.source == ModelSource.tiny:
+            head_dim, rem = divmod(self.tiny.hidden_size, self.tiny.num_heads)
+            if rem:
+                raise ValueError("model.tiny.hidden_size must be divisible by model.tiny.num_heads")
+            if self.tiny.num_heads % self.tiny.num_kv_heads:
+                raise ValueError("model.tiny.num_heads must be a multiple of model.tiny.num_kv_heads")
+            if head_dim < 32:
+                raise ValueError(f"model.tiny head_dim={head_dim} < 32: vLLM on CPU rejects it (use 64)")

@@ -1,0 +1,100 @@
+"""One function from a model config to a local HF directory (config, weights, tokenizer).
+
+- tiny: built on the fly (deterministic by its config) and cached.
+- gguf: a GGUF file shipped in a Python package, dequantized once and cached as safetensors.
+- hf: a local directory as is, or a hub id (needs a reachable hub; these machines have none).
+
+The cache lives in ``$REALM_CACHE_DIR`` (default ``~/.cache/realm``); entries are keyed by a hash
+of the config, written to a temp directory and renamed into place so a killed build leaves nothing
+half-written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from enum import Enum
+from pathlib import Path
+
+from models.config import ModelConfig, ModelSource
+
+
+class ModelNotAvailable(RuntimeError):
+    """The model cannot be found locally; the message says how to get it."""
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("REALM_CACHE_DIR", Path.home() / ".cache" / "realm"))
+
+
+def _config_key(cfg: ModelConfig) -> str:
+    def plain(x):
+        if isinstance(x, Enum):
+            return x.value
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        return x
+
+    blob = json.dumps(plain(dataclasses.asdict(cfg)), sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+def build_atomically(target: Path, build) -> Path:
+    """Run ``build(tmp_dir)`` and rename the result to ``target``; reuse ``target`` if present."""
+    if (target / ".complete").exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
+    try:
+        build(tmp)
+        (tmp / ".complete").write_text("ok\n")
+        if target.exists():  # a stale, incomplete build from a killed run
+            shutil.rmtree(target)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / ".complete").exists():  # lost a race with nobody: a real error
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def resolve_model_dir(cfg: ModelConfig) -> Path:
+    """A local HF directory for ``cfg``, building or converting it on first use."""
+    if cfg.source == ModelSource.tiny:
+        from models.tiny import build_tiny
+
+        target = cache_root() / "models" / f"tiny-{cfg.name}-{_config_key(cfg)}"
+        return build_atomically(target, lambda d: build_tiny(cfg.tiny, d))
+    if cfg.source == ModelSource.gguf:
+        from models.gguf import convert_gguf
+
+        target = cache_root() / "models" / f"gguf-{cfg.name}-{_config_key(cfg)}"
+        return build_atomically(target, lambda d: convert_gguf(cfg.path, d, cfg.dtype, cfg.hub_hint))
+    path = Path(cfg.path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise ModelNotAvailable(f"model {cfg.name!r}: {path} has no config.json (not an HF model directory)")
+        return path
+    if path.exists() or cfg.path.startswith((".", "/", "~")):
+        raise ModelNotAvailable(f"model {cfg.name!r}: {cfg.path} is not a model directory")
+    return _from_hub(cfg)
+
+
+def _from_hub(cfg: ModelConfig) -> Path:
+    hint = cfg.hub_hint or f"download it on a machine with hub access and pass model.path=/local/dir"
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        raise ModelNotAvailable(f"model {cfg.name!r} ({cfg.path}) is not available offline (HF_HUB_OFFLINE=1). {hint}")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(cfg.path))
+    except Exception as e:  # noqa: BLE001 - any hub failure becomes one actionable message
+        raise ModelNotAvailable(
+            f"model {cfg.name!r}: could not fetch hub id {cfg.path!r} ({type(e).__name__}). {hint}"
+        ) from None

@@ -1,0 +1,1 @@
+"""Rewards: success (the shared grader), ORM and PRM with Clip/Delta refinements, placed on tokens."""

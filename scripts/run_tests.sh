@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs the test suite in a loopback-only network namespace when the kernel allows one
+# (Ray, torch.distributed and vLLM open sockets; nothing may leave the machine).
+# pytest's exit code 5 (no tests collected) is a failure here, not a pass.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
+  VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 VLLM_HOST_IP=127.0.0.1 \
+  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+  MASTER_ADDR=127.0.0.1 GLOO_SOCKET_IFNAME=lo TOKENIZERS_PARALLELISM=false
+export REALM_CACHE_DIR="${REALM_CACHE_DIR:-$PWD/.cache/realm-test}"
+cmd=(.venv/bin/python -m pytest -p no:cacheprovider "$@")
+if [ "${REALM_NO_NETNS:-0}" != "1" ] && command -v unshare >/dev/null && unshare -n true 2>/dev/null; then
+  echo "[tests] running in a loopback-only network namespace"
+  unshare -n bash -c 'ip link set lo up 2>/dev/null || true; exec "$@"' _ "${cmd[@]}"
+  rc=$?
+else
+  echo "[tests] no network namespace available; running with loopback-bound sockets only"
+  "${cmd[@]}"
+  rc=$?
+fi
+if [ "$rc" -eq 5 ]; then
+  echo "[tests] pytest collected no tests: failing" >&2
+  exit 1
+fi
+exit "$rc"

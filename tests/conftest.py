@@ -1,0 +1,44 @@
+"""Shared fixtures: an isolated model cache, the tiny model, offline/loopback environment."""
+from __future__ import annotations
+
+import os
+import socket
+
+import pytest
+
+# Nothing in the suite may reach a hub or bind a public interface.
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("VLLM_HOST_IP", "127.0.0.1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _model_cache(tmp_path_factory):
+    """Models built by tests go to one cache shared by the session (or $REALM_CACHE_DIR if set)."""
+    if "REALM_CACHE_DIR" not in os.environ:
+        os.environ["REALM_CACHE_DIR"] = str(tmp_path_factory.mktemp("realm-cache"))
+    yield
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir():
+    """The `tiny` model config's HF directory (2-layer Qwen2, head_dim 64, local tokenizer)."""
+    from models.config import ModelConfig
+    from models.registry import resolve_model_dir
+
+    return resolve_model_dir(ModelConfig())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,76 @@
+"""Every reward option composes with every model option; typos and bad values fail at compose time."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from rewards.config import Refinement, RewardKind
+from trainer.compose import ConfigError, to_train_config
+from trainer.config import TrainConfig, register_configs
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+REWARDS = sorted(p.stem for p in (CONFIGS / "reward").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
+
+register_configs()
+
+
+def _compose(overrides: list[str]) -> TrainConfig:
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return to_train_config(compose(config_name="train", overrides=overrides))
+
+
+def test_option_lists_are_complete():
+    assert REWARDS == ["orm", "prm", "prm_clip", "prm_clip_delta", "prm_delta", "success"]
+    assert {"tiny", "smollm2-135m", "qwen2.5-math-1.5b", "qwen2.5-math-1.5b-instruct",
+            "qwen2.5-math-7b", "qwen2.5-math-7b-instruct"} <= set(MODELS)
+
+
+def test_default_is_success_only():
+    cfg = _compose([])
+    assert cfg.reward.kind == RewardKind.success
+    assert cfg.model.name == "tiny"
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("reward", REWARDS)
+def test_every_reward_composes_with_every_model(reward, model):
+    cfg = _compose([f"+reward={reward}", f"model={model}"])
+    assert isinstance(cfg, TrainConfig)
+    assert cfg.model.name == model
+    expected = {
+        "success": (RewardKind.success, Refinement.none),
+        "orm": (RewardKind.orm, Refinement.none),
+        "prm": (RewardKind.prm, Refinement.none),
+        "prm_clip": (RewardKind.prm, Refinement.clip),
+        "prm_delta": (RewardKind.prm, Refinement.delta),
+        "prm_clip_delta": (RewardKind.prm, Refinement.clip_delta),
+    }[reward]
+    assert (cfg.reward.kind, cfg.reward.refinement) == expected
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["ppo.lamm=0.9"], "lamm"),
+        (["+reward=prm_clip", "reward.eta=1.5"], "reward.eta"),
+        (["+reward=prm_clip", "reward.refinement=clipp"], "clipp"),
+        (["ppo.gamma=2"], "ppo.gamma"),
+        (["model.dtype=int3"], "model.dtype"),
+        (["+reward=prm", "reward.model.path="], "reward.model.path"),
+        (["rollout.num_prompts=many"], "num_prompts"),
+    ],
+)
+def test_bad_config_fails_with_the_key_named(overrides, fragment):
+    with pytest.raises((ConfigError, ConfigCompositionException, Exception)) as info:
+        _compose(overrides)
+    assert fragment in str(info.value)
+
+
+def test_unknown_reward_option_names_it():
+    with pytest.raises(Exception) as info:
+        _compose(["+reward=prm_deltaa"])
+    assert "prm_deltaa" in str(info.value)

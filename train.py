@@ -1,0 +1,30 @@
+"""realm's entry point: compose the config, build the parts, train.
+
+    python train.py                      # success reward, tiny model, synthetic task, local CPU
+    python train.py +reward=prm_delta    # + PRM with the Delta refinement
+    python train.py --cfg job +reward=prm_clip_delta model=qwen2.5-math-1.5b-instruct cluster=gpu_1x8
+"""
+from __future__ import annotations
+
+import hydra
+from omegaconf import DictConfig
+
+from trainer.config import register_configs
+
+register_configs()
+
+
+@hydra.main(config_path="configs", config_name="train", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from trainer.compose import ConfigError, to_train_config
+    from trainer.loop import train
+
+    try:
+        typed = to_train_config(cfg)
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}") from None
+    train(typed)
+
+
+if __name__ == "__main__":
+    main()

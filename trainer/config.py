@@ -1,0 +1,124 @@
+"""The root typed config. Hydra composes YAML onto this schema, so typos and bad values fail at start.
+
+After `train.py`, no code sees a DictConfig: components get their own plain dataclass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from hydra.core.config_store import ConfigStore
+
+from eval.config import DataConfig
+from models.config import ModelConfig
+from reallocation.config import ClusterConfig
+from rewards.config import RewardConfig
+
+
+class KLController(Enum):
+    fixed = "fixed"
+    adaptive = "adaptive"
+    """Ziegler et al. 2019: beta moves so that the observed KL tracks kl_target."""
+
+
+class LRSchedule(Enum):
+    constant = "constant"
+    linear = "linear"
+    cosine = "cosine"
+
+
+@dataclass
+class PPOConfig:
+    num_epochs: int = 2
+    """Passes over each iteration's rollouts."""
+    num_minibatches: int = 4
+    clip_eps: float = 0.2
+    value_clip_eps: float = 0.2
+    gamma: float = 1.0
+    lam: float = 0.95
+    kl_coef: float = 0.05
+    """beta: every response token gets -beta * (log pi - log pi_ref)."""
+    kl_controller: KLController = KLController.fixed
+    kl_target: float = 0.1
+    kl_horizon: int = 10000
+    whiten_advantages: bool = True
+    entropy_coef: float = 0.0
+    max_grad_norm: float = 1.0
+    actor_lr: float = 1e-5
+    critic_lr: float = 1e-5
+    lr_schedule: LRSchedule = LRSchedule.constant
+    num_warmup_iterations: int = 0
+    weight_decay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"ppo.gamma={self.gamma}, ppo.lam={self.lam}: both must lie in [0, 1]")
+        if self.num_epochs < 1 or self.num_minibatches < 1:
+            raise ValueError("ppo.num_epochs and ppo.num_minibatches must be >= 1")
+        if self.clip_eps <= 0 or self.value_clip_eps <= 0:
+            raise ValueError("ppo.clip_eps and ppo.value_clip_eps must be > 0")
+
+
+@dataclass
+class RolloutConfig:
+    num_prompts: int = 32
+    """Prompts per iteration."""
+    num_samples_per_prompt: int = 4
+    max_prompt_tokens: int = 256
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_p: float = 1.0
+    system_prompt: str = ""
+    prompt_suffix: str = ""
+    """Appended to each question, e.g. 'Please reason step by step, and put your final answer within \\boxed{}.'"""
+
+
+@dataclass
+class CriticConfig:
+    from_policy: bool = True
+    """Build the critic from the policy's backbone with a fresh value head."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """Used only when from_policy is false."""
+
+
+@dataclass
+class SFTConfig:
+    """Supervised warm-up on reference solutions before PPO (used by the tiny-model default run)."""
+
+    num_steps: int = 0
+    batch_size: int = 32
+    lr: float = 1e-3
+
+
+@dataclass
+class RunConfig:
+    num_iterations: int = 20
+    seed: int = 0
+    eval_every: int = 5
+    """Held-out success every N iterations (0: only before and after training)."""
+    num_heldout_samples: int = 0
+    """Sampled (temperature) held-out accuracy with this many samples per problem; 0 = greedy only."""
+    checkpoint_every: int = 5
+    resume: bool = True
+    """Resume from the last complete checkpoint in the run directory if there is one."""
+    num_logged_samples: int = 4
+    """Sample generations written per iteration."""
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    sft: SFTConfig = field(default_factory=SFTConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+
+def register_configs() -> None:
+    """Register the schema so `configs/train.yaml` can list `train_schema` first in its defaults."""
+    cs = ConfigStore.instance()
+    cs.store(name="train_schema", node=TrainConfig)
