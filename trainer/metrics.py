@@ -1,0 +1,127 @@
+"""Run outputs: metrics JSONL, TensorBoard events, sample generations, a PNG of the key curves, progress."""
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint import atomic_write_text
+
+KEY_CURVES = (
+    ("heldout/success", "held-out success"),
+    ("reward/success", "train success"),
+    ("reward/learned", "learned reward (alpha * ORM/PRM)"),
+    ("response/num_steps", "steps per response"),
+    ("response/length", "response length (tokens)"),
+    ("kl/mean", "KL(pi || pi_ref) per token"),
+    ("actor/entropy", "entropy"),
+    ("critic/value_loss", "value loss"),
+)
+
+
+class MetricsWriter:
+    """Appends one JSON object per iteration (flushed), mirrors scalars to TensorBoard."""
+
+    def __init__(self, run_dir: Path, resume_from_iteration: int | None = None):
+        self.run_dir = run_dir
+        self.path = run_dir / "metrics.jsonl"
+        self.samples_path = run_dir / "samples.jsonl"
+        if resume_from_iteration is not None and self.path.exists():
+            # Drop rows past the checkpoint we resume from: they will be recomputed.
+            kept = [l for l in self.path.read_text().splitlines()
+                    if l.strip() and json.loads(l).get("iteration", -1) <= resume_from_iteration]
+            atomic_write_text(self.path, "".join(k + "\n" for k in kept))
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+        except Exception:  # noqa: BLE001 - TensorBoard is optional output, never a reason to stop training
+            self.tb = None
+
+    def log(self, iteration: int, metrics: dict[str, float]) -> None:
+        row = {"iteration": iteration, **{k: _plain(v) for k, v in metrics.items()}}
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+        if self.tb is not None:
+            for k, v in row.items():
+                if isinstance(v, (int, float)) and math.isfinite(v) and k != "iteration":
+                    self.tb.add_scalar(k, v, iteration)
+            self.tb.flush()
+
+    def log_samples(self, iteration: int, samples: list[dict[str, Any]]) -> None:
+        with self.samples_path.open("a", encoding="utf-8") as f:
+            for s in samples:
+                f.write(json.dumps({"iteration": iteration, **s}) + "\n")
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _plain(v: Any) -> Any:
+    if hasattr(v, "item"):
+        return v.item()
+    return v
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+
+
+def plot_curves(run_dir: Path, out: Path | None = None) -> Path | None:
+    """A grid of the key curves over iterations, written next to metrics.jsonl."""
+    rows = read_metrics(run_dir)
+    if not rows:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    present = [(k, title) for k, title in KEY_CURVES if any(k in r for r in rows)]
+    num_cols = 4
+    num_rows = max(1, math.ceil(len(present) / num_cols))
+    fig, axes = plt.subplots(num_rows, num_cols, figsize=(4 * num_cols, 3 * num_rows), squeeze=False)
+    for ax, (key, title) in zip(axes.flat, present):
+        xs = [r["iteration"] for r in rows if key in r]
+        ys = [r[key] for r in rows if key in r]
+        ax.plot(xs, ys, marker="o", markersize=3)
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(present):]:
+        ax.axis("off")
+    fig.tight_layout()
+    out = out or run_dir / "curves.png"
+    tmp = out.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    tmp.replace(out)
+    return out
+
+
+class Progress:
+    """Periodic progress lines with rate and ETA."""
+
+    def __init__(self, total: int, start: int = 0, label: str = "iter"):
+        self.total, self.start, self.label = total, start, label
+        self.t0 = time.monotonic()
+
+    def line(self, done: int, extra: str = "") -> str:
+        elapsed = time.monotonic() - self.t0
+        num_done = done - self.start
+        rate = elapsed / num_done if num_done else float("nan")
+        eta = rate * (self.total - done) if num_done else float("nan")
+        return f"[{self.label} {done}/{self.total}] {rate:.1f} s/{self.label} | ETA {_fmt(eta)} | {extra}"
+
+
+def _fmt(seconds: float) -> str:
+    if not math.isfinite(seconds):
+        return "?"
+    m, s = divmod(int(seconds), 60)
+    return f"{m}m{s:02d}s"
