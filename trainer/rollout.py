@@ -1,0 +1,97 @@
+"""Prompts in, sampled responses out, and the padded tensors every model call shares.
+
+Sequence layout (verl/OpenRLHF convention): prompts are left-padded to P, responses right-padded
+to T, so response token j of every row sits at column P + j and its logprob is read from the
+logits at column P + j - 1::
+
+    input_ids      [B, P + T]   <pad><pad> prompt... | response... <pad>
+    attention_mask [B, P + T]   0 on padding
+    position_ids   [B, P + T]   cumsum(attention_mask) - 1, so left padding does not shift positions
+    response_mask  [B, T]       1 on real response tokens
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+
+from eval.data import Problem
+
+
+@dataclass
+class Completion:
+    """One sampled response as the generation engine returns it."""
+
+    token_ids: list[int]
+    text: str
+    finish_reason: str
+    """"stop" (EOS) or "length" (truncated at max_new_tokens)."""
+
+
+class GenerateFn(Protocol):
+    def __call__(
+        self, prompt_ids: Sequence[list[int]], *, n: int, temperature: float, top_p: float, max_new_tokens: int, seed: int
+    ) -> list[list[Completion]]: ...
+
+
+@dataclass
+class Rollout:
+    problem: Problem
+    prompt_ids: list[int]
+    prompt_text: str
+    completion: Completion
+
+
+def prompt_text(tokenizer, question: str, system_prompt: str = "", prompt_suffix: str = "") -> str:
+    content = question if not prompt_suffix else f"{question}\n{prompt_suffix}"
+    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
+        {"role": "user", "content": content}
+    ]
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
+def prompt_ids(tokenizer, text: str, max_prompt_tokens: int, where: str) -> list[int]:
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    if len(ids) > max_prompt_tokens:
+        raise ValueError(f"{where}: prompt has {len(ids)} tokens > rollout.max_prompt_tokens={max_prompt_tokens}")
+    return ids
+
+
+def iteration_problems(problems: Sequence[Problem], iteration: int, num_prompts: int, seed: int) -> list[Problem]:
+    """The prompts of ``iteration``: a fresh seeded permutation per epoch, so order depends only on
+    (seed, iteration) and a resumed run sees exactly the prompts the uninterrupted run would."""
+    num = len(problems)
+    out = []
+    for pos in range(iteration * num_prompts, (iteration + 1) * num_prompts):
+        epoch, offset = divmod(pos, num)
+        order = list(range(num))
+        random.Random(f"{seed}/{epoch}").shuffle(order)
+        out.append(problems[order[offset]])
+    return out
+
+
+def pad_batch(prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Left-pad prompts, right-pad responses; see the module docstring for the layout."""
+    assert len(prompts) == len(responses) and prompts
+    num_prompt_cols = max(len(p) for p in prompts)
+    num_response_cols = max(1, max(len(r) for r in responses))
+    B = len(prompts)
+    input_ids = torch.full((B, num_prompt_cols + num_response_cols), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    response_mask = torch.zeros((B, num_response_cols), dtype=torch.float32)
+    for b, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[b, num_prompt_cols - len(p) : num_prompt_cols] = torch.tensor(p)
+        attention_mask[b, num_prompt_cols - len(p) : num_prompt_cols] = 1
+        if r:
+            input_ids[b, num_prompt_cols : num_prompt_cols + len(r)] = torch.tensor(r)
+            attention_mask[b, num_prompt_cols : num_prompt_cols + len(r)] = 1
+            response_mask[b, : len(r)] = 1
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "response_mask": response_mask,
+    }
