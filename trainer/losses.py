@@ -1,0 +1,135 @@
+"""PPO losses and the per-token quantities they need: pure functions over [B, T] tensors.
+
+Aggregation is a token mean: sum over real tokens / ``num_tokens``. ``num_tokens`` defaults to the
+tokens in ``mask_BT``; a data-parallel rank that holds a slice of a minibatch passes the token count
+of the *whole* minibatch, so that summing (or, times world size, averaging) the per-rank losses
+gives exactly the full-minibatch loss. Stats use the same denominator and sum across ranks too.
+
+References: Schulman et al. 2017 (PPO-clip), cleanrl ``ppo.py`` (policy/value loss, approx_kl,
+clipfrac), torchtune ``rlhf/loss/ppo.py``.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from trainer.advantages import masked_sum
+
+
+def logprobs_from_logits(logits_BTV: Tensor, tokens_BT: Tensor, temperature: float = 1.0) -> Tensor:
+    """log softmax(logits / temperature)[token] for each position, [B, T].
+
+    ``logits_BTV[:, t]`` must be the logits that predict ``tokens_BT[:, t]`` (already shifted).
+    The temperature matches the sampler's so that these are the probabilities tokens were drawn with.
+    """
+    logits_BTV = logits_BTV.float()
+    if temperature != 1.0:
+        logits_BTV = logits_BTV / temperature
+    token_logits_BT = logits_BTV.gather(-1, tokens_BT.unsqueeze(-1)).squeeze(-1)
+    return token_logits_BT - torch.logsumexp(logits_BTV, dim=-1)
+
+
+def entropy_from_logits(logits_BTV: Tensor) -> Tensor:
+    """Entropy of the categorical distribution at each position, [B, T].
+
+    H = -sum_v p_v log p_v = logsumexp(z) - sum_v p_v z_v   (no log of a tiny p_v is ever taken)
+    """
+    logits_BTV = logits_BTV.float()
+    probs_BTV = torch.softmax(logits_BTV, dim=-1)
+    return torch.logsumexp(logits_BTV, dim=-1) - (probs_BTV * logits_BTV).sum(-1)
+
+
+def _token_mean(x_BT: Tensor, mask_BT: Tensor, num_tokens: Tensor | float | None) -> Tensor:
+    if num_tokens is None:
+        num_tokens = mask_BT.sum()
+    if isinstance(num_tokens, Tensor):
+        return masked_sum(x_BT, mask_BT) / num_tokens.clamp(min=1)
+    return masked_sum(x_BT, mask_BT) / max(num_tokens, 1.0)
+
+
+class PolicyLossStats(NamedTuple):
+    """Scalar diagnostics of one policy-loss evaluation (token means, detached)."""
+
+    clip_frac: Tensor
+    """Fraction of tokens whose ratio was clipped (the clipped term was the active one)."""
+    approx_kl: Tensor
+    """k3 estimator of KL(pi_old || pi): (r - 1) - log r; >= 0, unbiased (Schulman's blog)."""
+    ratio: Tensor
+    """Mean of r = pi / pi_old; drifts from 1 as the epochs go on."""
+
+
+def policy_loss(
+    logprobs_BT: Tensor,
+    old_logprobs_BT: Tensor,
+    advantages_BT: Tensor,
+    mask_BT: Tensor,
+    clip_eps: float,
+    num_tokens: Tensor | float | None = None,
+) -> tuple[Tensor, PolicyLossStats]:
+    """PPO-clip:  L = mean_t max(-A_t * r_t, -A_t * clip(r_t, 1 - eps, 1 + eps)),  r_t = pi / pi_old.
+
+    Args:
+        logprobs_BT: log pi(a_t|s_t) under the current parameters (with grad), [B, T].
+        old_logprobs_BT: log pi_old(a_t|s_t) from the rollout policy, [B, T].
+        advantages_BT: [B, T].
+        mask_BT: 1 on real response tokens, [B, T].
+        clip_eps: eps.
+        num_tokens: denominator of the token mean (see the module docstring).
+
+    Returns:
+        loss: scalar to minimize.
+        stats: PolicyLossStats.
+    """
+    log_ratio_BT = logprobs_BT - old_logprobs_BT
+    ratio_BT = torch.exp(log_ratio_BT)
+    pg_loss_unclipped_BT = -advantages_BT * ratio_BT
+    pg_loss_clipped_BT = -advantages_BT * torch.clamp(ratio_BT, 1.0 - clip_eps, 1.0 + clip_eps)
+    loss = _token_mean(torch.max(pg_loss_unclipped_BT, pg_loss_clipped_BT), mask_BT, num_tokens)
+    with torch.no_grad():
+        stats = PolicyLossStats(
+            clip_frac=_token_mean((pg_loss_clipped_BT > pg_loss_unclipped_BT).float(), mask_BT, num_tokens),
+            approx_kl=_token_mean((ratio_BT - 1) - log_ratio_BT, mask_BT, num_tokens),
+            ratio=_token_mean(ratio_BT, mask_BT, num_tokens),
+        )
+    return loss, stats
+
+
+class ValueLossStats(NamedTuple):
+    """Scalar diagnostics of one value-loss evaluation (token means, detached)."""
+
+    clip_frac: Tensor
+    """Fraction of tokens where the clipped value's error was the larger (active) one."""
+    values: Tensor
+    """Mean predicted value."""
+
+
+def value_loss(
+    values_BT: Tensor,
+    old_values_BT: Tensor,
+    returns_BT: Tensor,
+    mask_BT: Tensor,
+    clip_eps: float,
+    num_tokens: Tensor | float | None = None,
+) -> tuple[Tensor, ValueLossStats]:
+    """Clipped value loss:  L = 1/2 mean_t max((V_t - R_t)^2, (V_old,t + clip(V_t - V_old,t, -eps, eps) - R_t)^2).
+
+    Args:
+        values_BT: V(s_t) under the current critic (with grad), [B, T].
+        old_values_BT: V(s_t) at rollout time, [B, T].
+        returns_BT: GAE returns (targets), [B, T].
+        mask_BT: 1 on real response tokens, [B, T].
+        clip_eps: how far one iteration may move a value prediction (in reward units).
+        num_tokens: denominator of the token mean (see the module docstring).
+    """
+    values_clipped_BT = old_values_BT + torch.clamp(values_BT - old_values_BT, -clip_eps, clip_eps)
+    loss_unclipped_BT = (values_BT - returns_BT) ** 2
+    loss_clipped_BT = (values_clipped_BT - returns_BT) ** 2
+    loss = 0.5 * _token_mean(torch.max(loss_unclipped_BT, loss_clipped_BT), mask_BT, num_tokens)
+    with torch.no_grad():
+        stats = ValueLossStats(
+            clip_frac=_token_mean((loss_clipped_BT > loss_unclipped_BT).float(), mask_BT, num_tokens),
+            values=_token_mean(values_BT, mask_BT, num_tokens),
+        )
+    return loss, stats
