@@ -1,0 +1,292 @@
+"""The project's one vLLM wrapper (and the only module that imports ``vllm``).
+
+Used by evaluation (``python -m eval``) and by the PPO trainer (rollouts + weight sync)::
+
+    engine = VLLMEngine("path/to/hf_dir", dtype="float32", seed=0, max_model_len=2048)
+    outs = engine.generate(["<chat-formatted prompt>"], n=4, temperature=1.0, max_new_tokens=256)
+    outs[0][0].text, outs[0][0].token_ids, outs[0][0].logprobs, outs[0][0].finish_reason
+    engine.load_weights(model.state_dict().items())      # HF names, full tensors
+    engine.prompt_logprobs([[1, 2, 3, 4]])                # -> [[lp(2|1), lp(3|1,2), lp(4|1,2,3)]]
+
+Prompts are fully formatted by the caller (chat template applied, special tokens included) and
+are tokenized here *without* adding special tokens, or passed as token ids, so nothing is templated
+twice. Logprobs are the model's raw log-probabilities of each sampled token (vLLM's
+``raw_logprobs``: before temperature / top-p), i.e. the same quantity the trainer computes with
+``log_softmax(logits)``.
+
+``vllm`` is imported lazily in ``VLLMEngine.__init__``: importing this module costs nothing and
+works on machines without vLLM (e.g. to use ``Completion``). The environment defaults below are
+set at import time because vLLM reads most of them when it is first imported.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# setdefault: a user's explicit setting always wins.
+_ENV_DEFAULTS = {
+    # In-process engine: 2 s instead of ~15 s to start on CPU, and no spawned process (no sockets,
+    # no pickling of weights for load_weights). Set it to 1 for multi-GPU tensor parallelism.
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    # KV cache size in GiB on CPU; vLLM's default (4 GiB) is too much for 2-core CI machines.
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    # load_weights ships a Python function to the workers with collective_rpc.
+    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "DO_NOT_TRACK": "1",
+    "VLLM_HOST_IP": "127.0.0.1",
+}
+for _k, _v in _ENV_DEFAULTS.items():
+    os.environ.setdefault(_k, _v)
+
+FINISH_REASONS = ("stop", "length")
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One generated continuation of one prompt."""
+
+    text: str
+    token_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+    """log p(token_t | prompt, tokens_<t) under the model (raw, before temperature); None if not asked."""
+    finish_reason: str
+    """"stop" (EOS or a stop string) or "length" (hit max_new_tokens / the context)."""
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+@dataclass
+class EngineInfo:
+    """What the engine was built with (recorded in evaluation reports)."""
+
+    model_dir: str
+    tokenizer_dir: str
+    dtype: str
+    max_model_len: int
+    tensor_parallel_size: int
+    device: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _reload_weights_on_worker(worker, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Runs inside each vLLM worker (via collective_rpc): push HF-named weights into the model.
+
+    ``reload_weights`` maps checkpoint names onto vLLM's fused parameters (qkv_proj, gate_up_proj)
+    and re-runs the CPU backend's weight repacking; ``model.load_weights`` alone does not
+    (CPU layers hold repacked weights and fail with ``parameter (torch.Size([0]))``).
+    """
+    count = 0
+
+    def counted():
+        nonlocal count
+        for name, tensor in weights:
+            count += 1
+            yield name, tensor
+
+    worker.model_runner.reload_weights(weights_iterator=counted())
+    return count
+
+
+def has_tokenizer(model_dir: str | Path) -> bool:
+    """True if ``model_dir`` holds tokenizer files transformers can load."""
+    d = Path(model_dir)
+    return any((d / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json"))
+
+
+class VLLMEngine:
+    """A vLLM ``LLM`` with the calls realm needs: generate, prompt_logprobs, load_weights.
+
+    On CPU (``vllm-cpu``) ``enforce_eager`` defaults to True (no graph capture) and
+    ``gpu_memory_utilization`` is ignored; on GPU it bounds the KV cache.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        tokenizer_dir: str | Path | None = None,
+        dtype: str = "float32",
+        seed: int = 0,
+        max_model_len: int = 2048,
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.85,
+        enforce_eager: bool | None = None,
+        **llm_kwargs: Any,
+    ) -> None:
+        model_dir = Path(model_dir)
+        tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else model_dir
+        if not (model_dir / "config.json").exists():
+            raise FileNotFoundError(f"{model_dir}: not an HF model directory (no config.json)")
+        if not has_tokenizer(tokenizer_dir):
+            raise FileNotFoundError(
+                f"{tokenizer_dir}: no tokenizer files (tokenizer.json / tokenizer_config.json / tokenizer.model); "
+                "pass tokenizer_dir= (CLI: tokenizer=DIR) pointing at the base model's directory"
+            )
+        from vllm import LLM
+
+        # vLLM drops torch to 1 intra-op thread for serving (a process-wide setting); close() restores it.
+        self._torch_threads_before = torch.get_num_threads()
+        on_gpu = torch.cuda.is_available()
+        kwargs: dict[str, Any] = dict(
+            model=str(model_dir),
+            tokenizer=str(tokenizer_dir),
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            tensor_parallel_size=tensor_parallel_size,
+            enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
+        )
+        if on_gpu:
+            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        kwargs.update(llm_kwargs)
+        self.llm = LLM(**kwargs)
+        self.tokenizer = self.llm.get_tokenizer()
+        self.seed = seed
+        self.info = EngineInfo(
+            model_dir=str(model_dir),
+            tokenizer_dir=str(tokenizer_dir),
+            dtype=dtype,
+            max_model_len=max_model_len,
+            tensor_parallel_size=tensor_parallel_size,
+            device="cuda" if on_gpu else "cpu",
+            extra={k: v for k, v in llm_kwargs.items() if isinstance(v, (str, int, float, bool))},
+        )
+
+    # -- generation ---------------------------------------------------------------------------
+
+    def _token_prompts(self, prompts: Sequence[str] | Sequence[Sequence[int]]) -> list[Any]:
+        from vllm.inputs import TokensPrompt
+
+        out = []
+        for p in prompts:
+            # Strings are already formatted (chat template + special tokens): no BOS added here.
+            ids = self.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else [int(t) for t in p]
+            if not ids:
+                raise ValueError("empty prompt")
+            out.append(TokensPrompt(prompt_token_ids=ids))
+        return out
+
+    def generate(
+        self,
+        prompts: Sequence[str] | Sequence[Sequence[int]],
+        *,
+        n: int = 1,
+        temperature: float = 1.0,
+        top_p: float = 1.0,
+        max_new_tokens: int = 256,
+        seed: int | None = None,
+        logprobs: bool = True,
+        stop: Sequence[str] | None = None,
+    ) -> list[list[Completion]]:
+        """For each prompt, ``n`` completions.
+
+        ``prompts``: formatted strings or token-id lists. ``temperature=0`` is greedy (then top_p
+        is ignored). ``seed`` (default: the engine's seed) seeds each request's own generator, so a
+        prompt's samples do not depend on which other prompts share the batch.
+        """
+        from vllm import SamplingParams
+
+        if n < 1:
+            raise ValueError(f"n={n}: need at least one completion per prompt")
+        if not prompts:
+            return []
+        greedy = temperature <= 0
+        params = SamplingParams(
+            n=n,
+            temperature=0.0 if greedy else temperature,
+            top_p=1.0 if greedy else top_p,
+            max_tokens=max_new_tokens,
+            seed=self.seed if seed is None else seed,
+            logprobs=0 if logprobs else None,
+            stop=list(stop) if stop else None,
+        )
+        outputs = self.llm.generate(self._token_prompts(prompts), params, use_tqdm=False)
+        return [[self._completion(c, logprobs) for c in out.outputs] for out in outputs]
+
+    @staticmethod
+    def _completion(c: Any, want_logprobs: bool) -> Completion:
+        token_ids = tuple(int(t) for t in c.token_ids)
+        lps = None
+        if want_logprobs:
+            # logprobs=0 returns, per position, a dict holding (at least) the sampled token.
+            lps = tuple(float(step[t].logprob) for t, step in zip(token_ids, c.logprobs or []))
+        # vLLM reports "abort" / None in corner cases; anything that is not a cut-off counts as a stop.
+        reason = "length" if c.finish_reason == "length" else "stop"
+        return Completion(text=c.text, token_ids=token_ids, logprobs=lps, finish_reason=reason)
+
+    def generate_fn(self, *, logprobs: bool = False):
+        """An ``eval.evaluate.GenerateFn``: ``fn(prompts, n=, temperature=, top_p=, max_new_tokens=, seed=, stop=)``.
+
+        Evaluation does not need logprobs, so the adapter skips them by default.
+        """
+
+        def fn(prompts, *, n=1, temperature=0.0, top_p=1.0, max_new_tokens=256, seed=None, stop=None):
+            return self.generate(prompts, n=n, temperature=temperature, top_p=top_p,
+                                 max_new_tokens=max_new_tokens, seed=seed, logprobs=logprobs, stop=stop)
+
+        return fn
+
+    # -- scoring ------------------------------------------------------------------------------
+
+    def prompt_logprobs(self, sequences: Sequence[Sequence[int]]) -> list[list[float]]:
+        """log p(x_t | x_<t) for t = 1..L-1 of each token sequence (length L-1 each).
+
+        Scores fixed sequences with the engine's current weights, e.g. to check after a weight sync
+        that vLLM and the training model agree.
+        """
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
+        for seq in sequences:
+            if len(seq) < 2:
+                raise ValueError("prompt_logprobs needs sequences of at least 2 tokens")
+        outputs = self.llm.generate(self._token_prompts(sequences), params, use_tqdm=False)
+        result = []
+        for seq, out in zip(sequences, outputs):
+            # Position 0 has no logprob (None); the rest hold at least the actual token.
+            result.append([float(step[int(t)].logprob) for t, step in zip(seq[1:], out.prompt_logprobs[1:])])
+        return result
+
+    # -- weight sync --------------------------------------------------------------------------
+
+    def load_weights(self, weights: Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Push HF-named full tensors into the running engine; returns how many were pushed.
+
+        Give every weight of a vLLM fused layer together (q/k/v, gate/up): a layer that receives
+        only some of its parts is rebuilt with the missing parts uninitialised. Layers that receive
+        nothing keep their weights, so the usual call is the whole state dict. The prefix cache is
+        cleared afterwards (cached KV entries were computed with the old weights).
+        """
+        pairs: Iterable[tuple[str, torch.Tensor]] = weights.items() if isinstance(weights, Mapping) else weights
+        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
+            # The engine runs in another process: arguments are serialized, so no lazy iterators.
+            pairs = [(n, t.detach().cpu()) for n, t in pairs]
+        counts = self.llm.collective_rpc(_reload_weights_on_worker, args=(pairs,))
+        self.llm.reset_prefix_cache()
+        return int(counts[0]) if counts else 0
+
+    reload_weights = load_weights
+    """Alias: ``reallocation.sync`` documents ``engine.reload_weights(weights)``."""
+
+    def close(self) -> None:
+        """Free the engine (and its KV cache) before building another one in the same process."""
+        llm = getattr(self, "llm", None)
+        if llm is None:
+            return
+        engine = getattr(llm, "llm_engine", None)
+        core = getattr(engine, "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):
+            core.shutdown()
+        self.llm = None
+        import gc
+
+        gc.collect()
+        torch.set_num_threads(self._torch_threads_before)
