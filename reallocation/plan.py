@@ -238,19 +238,22 @@ def schedule(plan: Plan, itemsize: int | Mapping[str, int], bucket_bytes: int) -
     capacity = bucket_bytes // ALIGN * ALIGN
     rounds: list[list[Message]] = []
     loads: list[dict[int, int]] = []
+    # first_open[rank]: rounds before it are full for this rank (no room for even ALIGN bytes),
+    # so the first-fit scan can start there.
+    first_open: dict[int, int] = defaultdict(int)
     for msg in plan.messages():
         size = _itemsize(itemsize, msg.name)
         for box in split_box(msg.box, capacity // size):
-            part = Message(msg.src, msg.dst, msg.name, box)
             nbytes = aligned(box_numel(box) * size)
-            for r in range(len(rounds) + 1):
-                if r == len(rounds):
-                    rounds.append([])
-                    loads.append(defaultdict(int))
-                load = loads[r]
-                if load[part.src] + nbytes <= capacity and load[part.dst] + nbytes <= capacity:
-                    rounds[r].append(part)
-                    load[part.src] += nbytes
-                    load[part.dst] += nbytes
-                    break
+            r = max(first_open[msg.src], first_open[msg.dst])
+            while r < len(rounds) and (loads[r][msg.src] + nbytes > capacity or loads[r][msg.dst] + nbytes > capacity):
+                r += 1
+            if r == len(rounds):
+                rounds.append([])
+                loads.append(defaultdict(int))
+            rounds[r].append(Message(msg.src, msg.dst, msg.name, box))
+            for rank in (msg.src, msg.dst):
+                loads[r][rank] += nbytes
+                while first_open[rank] < len(rounds) and loads[first_open[rank]][rank] + ALIGN > capacity:
+                    first_open[rank] += 1
     return rounds

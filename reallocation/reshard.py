@@ -35,7 +35,8 @@ DTypes = torch.dtype | Mapping[str, torch.dtype]
 
 @dataclass
 class ReshardStats:
-    """What one rank did; bytes are wire bytes (in the destination dtype)."""
+    """What one rank did. Bytes are parameter bytes in the wire (= destination) dtype; buffers add
+    at most 15 bytes of alignment padding per message."""
 
     bytes_sent: int = 0
     bytes_received: int = 0
@@ -61,7 +62,8 @@ class _Segment:
     """The messages between one (src, dst) pair in one round, at offsets in one byte buffer."""
 
     messages: list[tuple[Message, int]]  # (message, byte offset within the segment)
-    nbytes: int
+    nbytes: int  # buffer bytes, with alignment padding
+    payload: int = 0  # bytes of parameter data
 
 
 def _segments(round_msgs: list[Message], itemsizes: Mapping[str, int]) -> dict[tuple[int, int], _Segment]:
@@ -69,7 +71,9 @@ def _segments(round_msgs: list[Message], itemsizes: Mapping[str, int]) -> dict[t
     for msg in round_msgs:
         seg = segs.setdefault((msg.src, msg.dst), _Segment([], 0))
         seg.messages.append((msg, seg.nbytes))
-        seg.nbytes += aligned(_numel(msg.box) * itemsizes[msg.name])
+        nbytes = _numel(msg.box) * itemsizes[msg.name]
+        seg.nbytes += aligned(nbytes)
+        seg.payload += nbytes
     return segs
 
 
@@ -205,8 +209,8 @@ def iter_reshard(
                 req.wait()
             for peer, seg in recvs.items():
                 _unpack(seg, recv_pieces[peer], sub, dst_shards, rank, dtype)
-            stats.bytes_sent += send_bytes
-            stats.bytes_received += recv_bytes
+            stats.bytes_sent += sum(seg.payload for seg in sends.values())
+            stats.bytes_received += sum(seg.payload for seg in recvs.values())
             stats.num_messages += len(ops)
             del buf, recv_pieces, ops
         stats.seconds += time.perf_counter() - start
@@ -259,8 +263,8 @@ def reshard_in_process(
             _pack(seg, buf, plan, shards_by_rank[s], s, dtype)
             wire = buf.clone()  # what the receiver gets
             _unpack(seg, wire, plan, out[d], d, dtype)
-            stats[s].bytes_sent += seg.nbytes
-            stats[d].bytes_received += seg.nbytes
+            stats[s].bytes_sent += seg.payload
+            stats[d].bytes_received += seg.payload
         for r, nbytes in per_rank_bytes.items():
             stats[r].num_rounds += 1
             stats[r].peak_buffer_bytes = max(stats[r].peak_buffer_bytes, nbytes)
@@ -308,8 +312,9 @@ def reshard_gather_broadcast(
         for name in names:
             if rank in plan.dst[name]:
                 out[name].copy_(full[name][local_slices(plan.dst[name][rank], full_box(plan.shapes[name]))])
-        stats.bytes_sent += gather_stats.bytes_sent + (total if rank == root else 0)
-        stats.bytes_received += gather_stats.bytes_received + (total if rank != root else 0)
+        payload = sum(_numel(full_box(plan.shapes[n])) * itemsizes[n] for n in names)
+        stats.bytes_sent += gather_stats.bytes_sent + (payload if rank == root else 0)
+        stats.bytes_received += gather_stats.bytes_received + (payload if rank != root else 0)
         stats.peak_buffer_bytes = max(stats.peak_buffer_bytes, total + gather_stats.peak_buffer_bytes)
         del flat, full
     stats.seconds += time.perf_counter() - start
