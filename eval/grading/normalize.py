@@ -1,0 +1,634 @@
+"""From answer text to a small structural tree, without sympy.
+
+`parse_answer` turns a gold answer or an extracted model answer into a `Node`: a scalar (LaTeX
+text for one value), a word, a multiple-choice letter, a base-n numeral, an ordered sequence
+(tuple, point, interval), a set, an unordered list of solutions, a union of intervals, a matrix,
+an equation or an assignment (`x = 5`). Presentation that carries no value (dollars, \\left,
+\\text, units, degree signs, `%`, thousands separators, spacing) is removed here, so both sides
+of a comparison reach `compare` in the same form. Inputs are bounded (MAX_ANSWER_CHARS) and all
+scans are linear or close to it: this runs in the caller's process.
+"""
+from __future__ import annotations
+
+import functools
+import re
+import unicodedata
+from dataclasses import dataclass
+from fractions import Fraction
+
+from eval.grading.extract import match_brace
+
+MAX_ANSWER_CHARS = 1000
+MAX_DEPTH = 10
+MAX_ITEMS = 64
+ROW_SEP = "\x01"  # stands in for the LaTeX row separator `\\`
+
+
+@dataclass(frozen=True)
+class Scalar:
+    latex: str
+
+
+@dataclass(frozen=True)
+class Text:
+    words: str
+
+
+@dataclass(frozen=True)
+class Choice:
+    letter: str
+
+
+@dataclass(frozen=True)
+class Based:
+    digits: str
+    base: int
+
+
+@dataclass(frozen=True)
+class Seq:
+    """Ordered: tuples, points, vectors, intervals. Brackets are part of the value."""
+
+    items: tuple
+    left: str
+    right: str
+
+
+@dataclass(frozen=True)
+class SetOf:
+    items: tuple
+
+
+@dataclass(frozen=True)
+class Items:
+    """A bare list (`1, -2`, `3 or 5`): the solutions of a problem, in no particular order."""
+
+    items: tuple
+
+
+@dataclass(frozen=True)
+class Union:
+    parts: tuple
+
+
+@dataclass(frozen=True)
+class Matrix:
+    rows: tuple
+
+
+@dataclass(frozen=True)
+class Equation:
+    lhs: str
+    rhs: str
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """`x = 5`, `(a, b) = (4, 5)`, `y = 2x + 3`: a label and the value it is given."""
+
+    lhs: str
+    value: object
+
+
+@dataclass(frozen=True)
+class Raw:
+    """Text that did not parse (or was too long): equal only to the same text."""
+
+    text: str
+
+
+Node = Scalar | Text | Choice | Based | Seq | SetOf | Items | Union | Matrix | Equation | Assignment | Raw
+
+# ---------------------------------------------------------------------------------------------
+# Text-level cleaning
+
+_UNICODE = {
+    "\u2212": "-", "\u2013": "-", "\u2014": "-", "\u2010": "-", "\u2011": "-",
+    "\u00d7": r" \times ", "\u22c5": r" \cdot ", "\u00b7": r" \cdot ", "\u00f7": r" \div ",
+    "\u03c0": r" \pi ", "\u221e": r" \infty ", "\u221a": r"\sqrt", "\u2264": r" \le ",
+    "\u2265": r" \ge ", "\u2260": r" \ne ", "\u00b1": r" \pm ", "\u2213": r" \mp ",
+    "\u222a": r" \cup ", "\u2229": r" \cap ", "\u2208": r" \in ", "\u2205": r" \emptyset ",
+    "\u00b0": r"^\circ", "\u03b8": r" \theta ", "\u03b1": r" \alpha ", "\u03b2": r" \beta ",
+    "\u00b2": "^2", "\u00b3": "^3", "\u00b9": "^1", "\u2070": "^0", "\u2074": "^4",
+    "\u2075": "^5", "\u2076": "^6", "\u2077": "^7", "\u2078": "^8", "\u2079": "^9",
+    "\u00bd": r"\frac{1}{2}", "\u00bc": r"\frac{1}{4}", "\u00be": r"\frac{3}{4}",
+    "\u2153": r"\frac{1}{3}", "\u2154": r"\frac{2}{3}", "\u00a0": " ", "\u2009": " ",
+    "\u202f": " ", "\u200b": "", "\u200c": "", "\u200d": "", "\ufeff": "",
+    "\u20ac": "", "\u00a3": "", "\u00a5": "", "\u20b9": "", "\u2032": "'",
+}
+_UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE)))
+
+_SUBS = [
+    # Delimiters of math mode and spacing carry no value.
+    (re.compile(r"\\\(|\\\)|\\\[|\\\]|\$"), " "),
+    (re.compile(r"(\d)\s*(?:,\\!|\{,\})\s*(?=\d{3}(?!\d))"), r"\1"),
+    (re.compile(r"\\[,;:! ]|~|\\q?quad(?![a-zA-Z])|\\enspace(?![a-zA-Z])"), " "),
+    (re.compile(r"\\(?:displaystyle|textstyle|scriptstyle|limits|nolimits|mathstrut)(?![a-zA-Z])"), ""),
+    (re.compile(r"\\(?:hspace|vspace|phantom|hphantom|vphantom)\*?\s*\{[^{}]*\}"), ""),
+    (re.compile(r"\\(?:left|right)\s*\.|\\middle(?![a-zA-Z])"), ""),
+    (re.compile(r"\\(?:left|right|[bB]igg?[lr]?)(?![a-zA-Z])"), ""),
+    (re.compile(r"\\[dtc]frac(?![a-zA-Z])"), r"\\frac"),
+    (re.compile(r"\\[dt]binom(?![a-zA-Z])"), r"\\binom"),
+    (re.compile(r"\\(?:leqslant|leq|le)(?![a-zA-Z])|<=|=<"), r" \\le "),
+    (re.compile(r"\\(?:geqslant|geq|ge)(?![a-zA-Z])|>=|=>"), r" \\ge "),
+    (re.compile(r"\\(?:neq|ne)(?![a-zA-Z])|!=|<>"), r" \\ne "),
+    (re.compile(r"\\lt(?![a-zA-Z])"), "<"),
+    (re.compile(r"\\gt(?![a-zA-Z])"), ">"),
+    (re.compile(r"\\lbrace(?![a-zA-Z])"), r"\\{"),
+    (re.compile(r"\\rbrace(?![a-zA-Z])"), r"\\}"),
+    (re.compile(r"\\lbrack(?![a-zA-Z])"), "["),
+    (re.compile(r"\\rbrack(?![a-zA-Z])"), "]"),
+    (re.compile(r"\\[lr]?vert(?![a-zA-Z])|\\[lr]Vert(?![a-zA-Z])"), "|"),
+    (re.compile(r"\\ast(?![a-zA-Z])"), "*"),
+    (re.compile(r"\\(?:varnothing|O)(?![a-zA-Z])"), r"\\emptyset"),
+    (re.compile(r"\\infin(?:ity)?(?![a-zA-Z])"), r"\\infty"),
+    (re.compile(r"\\(?:varepsilon)(?![a-zA-Z])"), r"\\epsilon"),
+    (re.compile(r"\\(?:varphi)(?![a-zA-Z])"), r"\\phi"),
+    # Degrees and percent are labels of the number (25\% equals 25, 30^\circ equals 30).
+    (re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z])"), " "),
+    (re.compile(r"\\%|%|\\\$|\\euro(?![a-zA-Z])|\\pounds(?![a-zA-Z])"), " "),
+]
+_TEXT_CMD_RE = re.compile(
+    r"\\(?:text|textbf|textit|textrm|textsf|texttt|textnormal|textup|mathrm|mathbf|mathit|"
+    r"mathsf|mathtt|mathnormal|mbox|hbox|boldsymbol|bm|emph|mathbb|mathcal|mathscr|mathfrak)"
+    r"\s*\{"
+)
+_OVERLINE_RE = re.compile(r"(\d*)\.(\d*)\\(?:overline|bar|dot)\s*(?:\{(\d+)\}|(\d))")
+_REPEATING_PAREN_RE = re.compile(r"(?<![\d)])(\d*)\.(\d*)\((\d+)\)(?![\d(])")
+
+
+def _unwrap_text_commands(s: str) -> str:
+    """`\\text{ cm}` -> ` cm `; `\\mathbb{R}` keeps a marker because it names a set."""
+    for _ in range(64):
+        m = _TEXT_CMD_RE.search(s)
+        if m is None:
+            break
+        open_index = m.end() - 1
+        close = match_brace(s, open_index)
+        if close < 0:
+            s = s[: m.start()] + s[m.end() :]
+            continue
+        inner = s[open_index + 1 : close]
+        if m.group(0).startswith("\\mathbb"):
+            inner = "\\mathbb" + inner.strip()
+        s = s[: m.start()] + " " + inner + " " + s[close + 1 :]
+    return s
+
+
+def _repeating(m: re.Match) -> str:
+    whole, fixed, rep = m.group(1), m.group(2), m.group(3) or m.group(4)
+    if len(whole) + len(fixed) + len(rep) > 40:
+        return m.group(0)
+    value = Fraction(int(whole or "0"))
+    if fixed:
+        value += Fraction(int(fixed), 10 ** len(fixed))
+    value += Fraction(int(rep), 10 ** len(fixed) * (10 ** len(rep) - 1))
+    return "{\\frac{%d}{%d}}" % (value.numerator, value.denominator)
+
+
+def clean(text: str) -> str:
+    """Removes presentation that carries no value; keeps everything that could."""
+    s = text.replace("\\\\", ROW_SEP)
+    s = _UNICODE_RE.sub(lambda m: _UNICODE[m.group(0)], s)
+    s = unicodedata.normalize("NFKC", s)
+    s = "".join(c if c.isprintable() or c == ROW_SEP else " " for c in s)
+    for pattern, repl in _SUBS:
+        s = pattern.sub(repl, s)
+    s = _unwrap_text_commands(s)
+    s = re.sub(r"\\mathbb\s*R(?![a-zA-Z])|\\R(?![a-zA-Z])", r"\\mathbbR", s)
+    s = _OVERLINE_RE.sub(_repeating, s)
+    s = _REPEATING_PAREN_RE.sub(_repeating, s)
+    s = re.sub(r"\s+", " ", s).strip()
+    return s
+
+
+# ---------------------------------------------------------------------------------------------
+# Top-level scanning (outside any bracket)
+
+_OPEN_CMDS = ("\\{", "\\langle")
+_CLOSE_CMDS = ("\\}", "\\rangle")
+
+
+def _bracket_at(s: str, i: int) -> tuple[int, int]:
+    """(+1 open / -1 close / 0, token length) for the token at i."""
+    c = s[i]
+    if c in "([{":
+        return 1, 1
+    if c in ")]}":
+        return -1, 1
+    if c == "\\":
+        for tok in _OPEN_CMDS:
+            if s.startswith(tok, i):
+                return 1, len(tok)
+        for tok in _CLOSE_CMDS:
+            if s.startswith(tok, i):
+                return -1, len(tok)
+        m = re.compile(r"\\[a-zA-Z]+|\\.").match(s, i)
+        return 0, (m.end() - i) if m else 1
+    return 0, 1
+
+
+def split_top(s: str, sep: re.Pattern) -> list[str]:
+    """Splits s at matches of sep that lie outside all brackets."""
+    parts = []
+    depth = 0
+    start = 0
+    i = 0
+    n = len(s)
+    while i < n:
+        if depth == 0:
+            m = sep.match(s, i)
+            if m is not None and m.end() > i:
+                parts.append(s[start:i])
+                start = i = m.end()
+                continue
+        delta, length = _bracket_at(s, i)
+        depth = max(0, depth + delta)
+        i += length
+    parts.append(s[start:])
+    return parts
+
+
+def _wrapped(s: str) -> tuple[str, str, str] | None:
+    """(left, inner, right) if the first bracket of s closes at its very end."""
+    if not s:
+        return None
+    delta, first_len = _bracket_at(s, 0)
+    if delta != 1:
+        return None
+    depth = 0
+    i = 0
+    n = len(s)
+    while i < n:
+        delta, length = _bracket_at(s, i)
+        depth += delta
+        if depth == 0:
+            if i + length == n:
+                return s[:first_len], s[first_len:i], s[i:]
+            return None
+        i += length
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Scalars
+
+_CMD_ARGS = {"\\frac": 2, "\\binom": 2, "\\sqrt": 1}
+_CMD_ARGS_RE = re.compile(r"\\(frac|binom|sqrt)(?![a-zA-Z])")
+_SINGLE_ARG_RE = re.compile(r"\\[a-zA-Z]+|[^\s{}\\]")
+
+
+def _brace_arguments(s: str) -> str:
+    """`\\frac12` -> `\\frac{1}{2}`, `\\sqrt3` -> `\\sqrt{3}`: TeX's one-token arguments, made explicit."""
+    inserts: list[tuple[int, str]] = []
+    for m in _CMD_ARGS_RE.finditer(s):
+        i = m.end()
+        num_args = _CMD_ARGS["\\" + m.group(1)]
+        if m.group(1) == "sqrt":
+            j = i
+            while j < len(s) and s[j] == " ":
+                j += 1
+            if j < len(s) and s[j] == "[":
+                close = s.find("]", j)
+                if close < 0:
+                    break
+                i = close + 1
+        for _ in range(num_args):
+            while i < len(s) and s[i] == " ":
+                i += 1
+            if i >= len(s):
+                break
+            if s[i] == "{":
+                close = match_brace(s, i)
+                if close < 0:
+                    break
+                i = close + 1
+                continue
+            tok = _SINGLE_ARG_RE.match(s, i)
+            if tok is None:
+                break
+            inserts.append((tok.start(), "{"))
+            inserts.append((tok.end(), "}"))
+            i = tok.end()
+    if not inserts:
+        return s
+    out = []
+    prev = 0
+    for pos, brace in sorted(inserts, key=lambda t: t[0]):
+        out.append(s[prev:pos])
+        out.append(brace)
+        prev = pos
+    out.append(s[prev:])
+    return "".join(out)
+
+
+_SCRIPT_RE = re.compile(r"([\^_])\s*(-\s*\d+|\d+|[A-Za-z]|\\(?!(?:frac|sqrt|binom)(?![a-zA-Z]))[a-zA-Z]+)")
+
+
+def canon_scalar(s: str) -> str:
+    s = _brace_arguments(s)
+    # One-token super/subscripts get explicit braces so that removing spaces cannot merge
+    # `\log_2 8` into `\log_28`; a digit run is one exponent (`2^10` means 2^{10}).
+    s = _SCRIPT_RE.sub(lambda m: m.group(1) + "{" + m.group(2).replace(" ", "") + "}", s)
+    s = re.sub(r"(?<![a-zA-Z\\])(?:pi)(?![a-zA-Z])", r"\\pi", s)
+    s = re.sub(r"(?<![a-zA-Z\\])(?:infinity|inf)(?![a-zA-Z])", r"\\infty", s)
+    # Spaces matter only where they end a command name (`\pi r`).
+    s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z0-9])", "\\1\x00", s)
+    s = re.sub(r"\s+", "", s).replace("\x00", " ")
+    s = s.replace("{}", "")
+    for _ in range(8):
+        w = _wrapped(s)
+        if w is None or w[0] != "{":
+            break
+        s = w[1]
+    if s.startswith("+"):
+        s = s[1:]
+    if s == "+\\infty":
+        s = "\\infty"
+    return s
+
+
+_UNIT_WORD_RE = re.compile(
+    r"(?:(?<=[\s})])|^)([A-Za-z]{2,})\.?(?:\s*\^\{?[234]\}?)?\s*$|(?:(?<=[\s})\d])|^)[A-Za-z]+/[A-Za-z]+\s*$"
+)
+# Words that are values, not labels.
+_NOT_UNITS = {"pi", "inf", "infinity", "sqrt", "cis", "or", "and", "mod", "sin", "cos", "tan", "log", "ln", "exp"}
+# Units written right after a digit with no space (`5cm`): only well-known ones.
+_GLUED_UNIT_RE = re.compile(
+    r"(?<=\d)(?:cm|mm|km|kg|mg|ml|mL|lbs?|oz|ft|yd|mph|sec|hrs?|mins?|m|g|s|L)(?:\^\{?[23]\}?)?\s*$"
+)
+_CHOICE_RE = re.compile(r"^\(([A-Z])\)(?:$|\s|[.:]|\\)|^([A-Z])$|^([A-Z])\)")
+_BASED_RE = re.compile(r"^([0-9A-Za-z]+)_\{?\(?(\d{1,2})\)?\}?$")
+_TEXT_RE = re.compile(r"^[A-Za-z][A-Za-z' ]*[A-Za-z.]?$")
+_ARTICLES_RE = re.compile(r"^(?:the|a|an)\s+")
+
+
+def _strip_units(s: str) -> str:
+    for _ in range(6):
+        m = _UNIT_WORD_RE.search(s) or _GLUED_UNIT_RE.search(s)
+        if m is None or (m.lastindex and m.group(1).lower() in _NOT_UNITS):
+            break
+        prefix = s[: m.start()].rstrip()
+        # Only a label on something that has a value: `5 cm`, not the word answer `east`.
+        if not prefix or not re.search(r"[\d}\\)]", prefix) or prefix[-1] in "+-*/^_=":
+            break
+        s = prefix
+    return s
+
+
+def _valid_digits(digits: str, base: int) -> bool:
+    if not 2 <= base <= 36:
+        return False
+    try:
+        int(digits, base)
+    except ValueError:
+        return False
+    return True
+
+
+def _atom(s: str) -> Node:
+    s = _strip_units(s).strip().rstrip(".").strip()
+    if not s:
+        return Raw("")
+    m = _CHOICE_RE.match(s)
+    if m is not None:
+        return Choice(m.group(1) or m.group(2) or m.group(3))
+    m = _BASED_RE.match(s)
+    if m is not None and _valid_digits(m.group(1), int(m.group(2))):
+        base = int(m.group(2))
+        digits = m.group(1).upper().lstrip("0") or "0"
+        return Scalar(digits) if base == 10 else Based(digits, base)
+    if _TEXT_RE.match(s) and re.search(r"[A-Za-z]{3,}", s) and s.lower() not in ("pi", "infinity", "inf"):
+        words = _ARTICLES_RE.sub("", s.lower().rstrip(".")).strip()
+        return Text(re.sub(r"\s+", " ", words))
+    if "\\pm" in s or "\\mp" in s:
+        return _plus_minus(s)
+    return Scalar(canon_scalar(s))
+
+
+def _plus_minus(s: str) -> Node:
+    """`1 \\pm \\sqrt{19}` is the list of both values."""
+    variants = [s]
+    for _ in range(2):
+        nxt = []
+        for v in variants:
+            m = re.search(r"\\(pm|mp)(?![a-zA-Z])", v)
+            if m is None:
+                nxt.append(v)
+                continue
+            first, second = ("+", "-") if m.group(1) == "pm" else ("-", "+")
+            nxt.append(v[: m.start()] + first + v[m.end() :])
+            nxt.append(v[: m.start()] + second + v[m.end() :])
+        variants = nxt
+    if any(re.search(r"\\(pm|mp)(?![a-zA-Z])", v) for v in variants):
+        return Raw(canon_scalar(s))
+    return Items(tuple(Scalar(canon_scalar(v)) for v in variants))
+
+
+# ---------------------------------------------------------------------------------------------
+# Structure
+
+_THOUSANDS_RE = re.compile(r"^([-+]?)(\d{1,3}(?:,\d{3})+)(\.\d+)?$")
+_LABEL_PREFIX_RE = re.compile(r"^[A-Za-z]\w*\s*=\s*")
+_CONNECTOR_RE = re.compile(r"\s*[,;]\s*(?:(?:and|or)\s+)?|\s+(?:and|or)\s+")
+_OR_RE = re.compile(r"\bor\b")
+_COMMA_RE = re.compile(r"\s*[,;]\s*")
+_CUP_RE = re.compile(r"\s*\\cup(?![a-zA-Z])\s*|\s+U\s+")
+_EQ_RE = re.compile(r"\s*==?\s*")
+_COMPARE_RE = re.compile(r"\s*(<|>|\\le(?![a-zA-Z])|\\ge(?![a-zA-Z])|\\ne(?![a-zA-Z]))\s*")
+_IN_RE = re.compile(r"^([A-Za-z]|\\[a-zA-Z]+)\s*\\in(?![a-zA-Z])\s*")
+_LABEL_RE = re.compile(
+    r"^(?:[A-Za-z]+|\\[a-zA-Z]+)(?:_\{?[A-Za-z0-9]+\}?)?'*(?:\([A-Za-z,\s]*\))?$"
+)
+_VARIABLE_RE = re.compile(r"^(?:[A-Za-z]|\\(?:alpha|beta|gamma|theta|phi|lambda|mu|omega|rho|sigma|tau|psi))(?:_\{?[A-Za-z0-9]+\}?)?$")
+_MATRIX_RE = re.compile(
+    r"^\\begin\{([pbBvV]?matrix|smallmatrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.DOTALL
+)
+_NOT_LABELS = {"\\pi", "\\infty", "e", "i", "\\emptyset"}
+_INF = Scalar("\\infty")
+_NEG_INF = Scalar("-\\infty")
+
+
+def _is_label(s: str) -> bool:
+    s = s.strip()
+    if s in _NOT_LABELS:
+        return False
+    if _LABEL_RE.match(s):
+        return True
+    w = _wrapped(s)
+    if w is not None and w[0] in "([" and w[1].strip():
+        parts = split_top(w[1], _COMMA_RE)
+        return len(parts) > 1 and all(_LABEL_RE.match(p.strip()) for p in parts)
+    return False
+
+
+def _has_variable(s: str) -> bool:
+    return re.search(r"[A-Za-z]", re.sub(r"\\[a-zA-Z]+", "", s)) is not None
+
+
+def _flatten(nodes) -> tuple:
+    out = []
+    for node in nodes:
+        if isinstance(node, Items):
+            out.extend(node.items)
+        else:
+            out.append(node)
+    return tuple(out)
+
+
+def is_interval(node: Node) -> bool:
+    return isinstance(node, Union) or (isinstance(node, Seq) and len(node.items) == 2)
+
+
+def _inequality(s: str, parts: list[str]) -> Node:
+    """`-2 \\le x < 7` -> [-2, 7); `x \\ne 3` -> (-oo, 3) U (3, oo). Anything else stays raw."""
+    terms = [p.strip() for p in parts[0::2]]
+    ops = [p.strip() for p in parts[1::2]]
+    labels = [k for k, t in enumerate(terms) if _VARIABLE_RE.match(t)]
+    if len(labels) != 1 or any(not t for t in terms):
+        return Raw(canon_scalar(s))
+    k = labels[0]
+    lo, lo_closed, hi, hi_closed = _NEG_INF, False, _INF, False
+    flip = {"<": ">", ">": "<", "\\le": "\\ge", "\\ge": "\\le", "\\ne": "\\ne"}
+    for j, op in enumerate(ops):
+        if j == k:  # x op c
+            bound, rel = terms[j + 1], op
+        elif j + 1 == k:  # c op x  ==  x flip(op) c
+            bound, rel = terms[j], flip[op]
+        else:
+            continue
+        value = _atom(bound)
+        if rel == "\\ne":
+            if len(ops) != 1:
+                return Raw(canon_scalar(s))
+            return Union((Seq((_NEG_INF, value), "(", ")"), Seq((value, _INF), "(", ")")))
+        if rel in ("<", "\\le"):
+            hi, hi_closed = value, rel == "\\le"
+        else:
+            lo, lo_closed = value, rel == "\\ge"
+    return Seq((lo, hi), "[" if lo_closed else "(", "]" if hi_closed else ")")
+
+
+def _parse(s: str, depth: int) -> Node:
+    s = s.strip().rstrip(".,;:").strip()
+    if depth > MAX_DEPTH or not s:
+        return Raw(s)
+    m = _THOUSANDS_RE.match(_LABEL_PREFIX_RE.sub("", s, count=1))
+    if m is not None:
+        return Scalar(canon_scalar(m.group(1) + m.group(2).replace(",", "") + (m.group(3) or "")))
+    m = _IN_RE.match(s)
+    if m is not None and s[m.end() :].strip():
+        return _parse(s[m.end() :], depth + 1)
+
+    parts = split_top(s, _CUP_RE)
+    if len(parts) > 1:
+        if len(parts) > MAX_ITEMS:
+            return Raw(s)
+        return Union(tuple(_parse(p, depth + 1) for p in parts))
+
+    parts = split_top(s, _CONNECTOR_RE)
+    nonempty = [p for p in parts if p.strip()]
+    if len(nonempty) > 1:
+        if len(nonempty) > MAX_ITEMS:
+            return Raw(s)
+        items = _flatten(_parse(p, depth + 1) for p in nonempty)
+        if _OR_RE.search(s) and all(is_interval(i) for i in items):
+            return Union(items)
+        return Items(items)
+    if len(nonempty) == 1 and len(parts) > 1:
+        return _parse(nonempty[0], depth + 1)
+
+    parts = split_top(s, _EQ_RE)
+    if len(parts) > 1:
+        lhs, rhs = parts[0].strip(), parts[-1].strip()
+        if _is_label(lhs) and rhs:
+            return Assignment(canon_scalar(lhs), _parse(rhs, depth + 1))
+        if len(parts) == 2 and _is_label(rhs) and lhs and not _has_variable(lhs):
+            return Assignment(canon_scalar(rhs), _parse(lhs, depth + 1))
+        if len(parts) > 2 or (rhs and not _has_variable(lhs + rhs)):
+            # `2 + 3 = 5`, `a = b = 5`: a computation ending in its value.
+            return _parse(rhs, depth + 1)
+        if len(parts) == 2 and lhs and rhs:
+            return Equation(canon_scalar(lhs), canon_scalar(rhs))
+        return Raw(canon_scalar(s))
+
+    parts = split_top(s, _COMPARE_RE)
+    if len(parts) > 1:
+        # split_top drops the separators; recover them for the chain.
+        ops = [m.group(1) for m in _top_matches(s, _COMPARE_RE)]
+        chain = []
+        for k, term in enumerate(parts):
+            chain.append(term)
+            if k < len(ops):
+                chain.append(ops[k])
+        return _inequality(s, chain)
+
+    m = _MATRIX_RE.match(s)
+    if m is not None:
+        rows = [r for r in m.group(2).split(ROW_SEP) if r.strip() and r.strip() != "\\hline"]
+        if not rows or len(rows) > MAX_ITEMS:
+            return Raw(s)
+        cells = tuple(tuple(_parse(c, depth + 1) for c in split_top(r, re.compile("&"))) for r in rows)
+        return Matrix(cells)
+
+    if s in ("\\emptyset", "\\{\\}"):
+        return SetOf(())
+    if s == "\\mathbbR" or re.match(r"^(?:all\s+)?real\s+numbers$|^all\s+reals$", s, re.IGNORECASE):
+        return Seq((_NEG_INF, _INF), "(", ")")
+
+    w = _wrapped(s)
+    if w is not None:
+        left, inner, right = w
+        if left == "\\{" and right == "\\}":
+            if "|" in inner or "\\mid" in inner:
+                return Raw(canon_scalar(s))
+            items = split_top(inner, _COMMA_RE)
+            return SetOf(_flatten(_parse(p, depth + 1) for p in items if p.strip()))
+        if left == "\\langle" and right == "\\rangle":
+            items = split_top(inner, _COMMA_RE)
+            return Seq(tuple(_parse(p, depth + 1) for p in items), "(", ")")
+        if left in "([" and right in ")]":
+            items = split_top(inner, _COMMA_RE)
+            if len(items) > 1:
+                if len(items) > MAX_ITEMS:
+                    return Raw(s)
+                return Seq(tuple(_parse(p, depth + 1) for p in items), left, right)
+            if left + right in ("()", "[]"):
+                # Redundant brackets; `(C)` comes out as the choice C.
+                return _parse(inner, depth + 1)
+        if left == "{" and right == "}":
+            return _parse(inner, depth + 1)
+    return _atom(s)
+
+
+def _top_matches(s: str, sep: re.Pattern) -> list[re.Match]:
+    found = []
+    depth = 0
+    i = 0
+    n = len(s)
+    while i < n:
+        if depth == 0:
+            m = sep.match(s, i)
+            if m is not None and m.end() > i:
+                found.append(m)
+                i = m.end()
+                continue
+        delta, length = _bracket_at(s, i)
+        depth = max(0, depth + delta)
+        i += length
+    return found
+
+
+@functools.lru_cache(maxsize=8192)
+def _parse_cached(text: str) -> Node:
+    return _parse(clean(text), 0)
+
+
+def parse_answer(text: str) -> Node:
+    """The structural form of an answer (never raises)."""
+    if len(text) > MAX_ANSWER_CHARS:
+        return Raw(re.sub(r"\s+", "", text))
+    try:
+        return _parse_cached(text)
+    except RecursionError:
+        return Raw(re.sub(r"\s+", "", text))
