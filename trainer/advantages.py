@@ -50,7 +50,7 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
     return whitened * mask
 
 
-def kl_penalized_rewards(
+def kl_shaped_rewards(
     scores_BT: Tensor, logprobs_BT: Tensor, ref_logprobs_BT: Tensor, mask_BT: Tensor, kl_coef: float
 ) -> tuple[Tensor, Tensor]:
     """Per-token rewards r_t = score_t - beta * (log pi(a_t|s_t) - log pi_ref(a_t|s_t)).
@@ -136,7 +136,7 @@ def compute_advantages(
     Whitening happens once on the full batch (not per minibatch), and the returns are computed
     from the raw advantages so the critic's targets keep their scale.
     """
-    rewards_BT, kl_BT = kl_penalized_rewards(scores_BT, logprobs_BT, ref_logprobs_BT, mask_BT, kl_coef)
+    rewards_BT, kl_BT = kl_shaped_rewards(scores_BT, logprobs_BT, ref_logprobs_BT, mask_BT, kl_coef)
     advantages_BT, returns_BT = gae(rewards_BT, values_BT, mask_BT, gamma, lam)
     if whiten:
         advantages_BT = masked_whiten(advantages_BT, mask_BT)

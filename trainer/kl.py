@@ -65,7 +65,7 @@ class AdaptiveKLController:
         self.value = float(state["value"])
 
 
-def build_kl_controller(cfg: PPOConfig) -> FixedKLController | AdaptiveKLController:
+def make_kl_controller(cfg: PPOConfig) -> FixedKLController | AdaptiveKLController:
     match cfg.kl_controller:
         case KLController.fixed:
             return FixedKLController(cfg.kl_coef)

@@ -5,7 +5,7 @@ import torch
 from trainer.advantages import (
     compute_advantages,
     gae,
-    kl_penalized_rewards,
+    kl_shaped_rewards,
     masked_mean,
     masked_var,
     masked_whiten,
@@ -39,12 +39,12 @@ def test_masked_whiten():
     )
 
 
-def test_kl_penalized_rewards():
+def test_kl_shaped_rewards():
     scores = torch.tensor([[0.0, 0.0, 1.0, 0.0]])
     logprobs = torch.tensor([[-1.0, -2.0, -0.5, -9.0]])
     ref_logprobs = torch.tensor([[-1.5, -2.0, -1.0, -1.0]])
     mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]])
-    rewards, kl = kl_penalized_rewards(scores, logprobs, ref_logprobs, mask, kl_coef=0.1)
+    rewards, kl = kl_shaped_rewards(scores, logprobs, ref_logprobs, mask, kl_coef=0.1)
     # kl = [0.5, 0, 0.5, (pad) 0]; r = score - 0.1 * kl = [-0.05, 0, 0.95, 0]
     torch.testing.assert_close(kl, torch.tensor([[0.5, 0.0, 0.5, 0.0]]))
     torch.testing.assert_close(rewards, torch.tensor([[-0.05, 0.0, 0.95, 0.0]]))

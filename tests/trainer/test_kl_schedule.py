@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trainer.config import KLController, LRSchedule, PPOConfig
-from trainer.kl import AdaptiveKLController, FixedKLController, build_kl_controller
+from trainer.kl import AdaptiveKLController, FixedKLController, make_kl_controller
 from trainer.schedule import build_lr_scheduler, lr_multiplier
 
 
@@ -29,9 +29,9 @@ def test_adaptive_kl_controller_by_hand():
     assert restored.value == ctl.value
 
 
-def test_build_kl_controller():
-    assert isinstance(build_kl_controller(PPOConfig()), FixedKLController)
-    adaptive = build_kl_controller(PPOConfig(kl_controller=KLController.adaptive, kl_coef=0.2))
+def test_make_kl_controller():
+    assert isinstance(make_kl_controller(PPOConfig()), FixedKLController)
+    adaptive = make_kl_controller(PPOConfig(kl_controller=KLController.adaptive, kl_coef=0.2))
     assert isinstance(adaptive, AdaptiveKLController) and adaptive.value == 0.2
 
 

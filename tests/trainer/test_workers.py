@@ -1,0 +1,204 @@
+"""Policy/critic/ref workers on the tiny model: against unsharded references, 1 and 2 gloo ranks.
+
+The 2-rank test runs the same calls as the in-process (world_size=1) workers on the full batch
+and checks that every rank's slice and the resulting parameters agree within float tolerance.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from tests.conftest import free_port
+from trainer.batch import select
+from trainer.config import LRSchedule, PPOConfig
+from trainer.rollout import pad_batch
+from trainer.workers import CriticWorker, PolicyWorker, RefWorker, _full_state_dict
+
+PAD_ID = 3
+# Ratios move by ~1e-3 per step at this lr, so clipping, grad-norm clipping and Adam all matter.
+PPO = PPOConfig(num_epochs=2, num_minibatches=1, actor_lr=1e-3, critic_lr=1e-3, max_grad_norm=0.5)
+
+
+def make_batch(num_rows: int = 8, seed: int = 0) -> dict[str, torch.Tensor]:
+    """Random prompts (2-9 tokens) and responses (1-7 tokens) in the rollout layout."""
+    g = torch.Generator().manual_seed(seed)
+    lengths = lambda lo, hi: torch.randint(lo, hi, (num_rows,), generator=g).tolist()  # noqa: E731
+    prompts = [torch.randint(5, 300, (n,), generator=g).tolist() for n in lengths(2, 10)]
+    responses = [torch.randint(5, 300, (n,), generator=g).tolist() for n in lengths(1, 8)]
+    return pad_batch(prompts, responses, PAD_ID)
+
+
+def add_ppo_fields(batch, logprobs, values, seed: int = 1):
+    """Old logprobs near the current ones (so some ratios clip), random advantages and returns."""
+    g = torch.Generator().manual_seed(seed)
+    mask = batch["response_mask"]
+    noise = 0.3 * torch.randn(mask.shape, generator=g)
+    return {
+        **batch,
+        "old_logprobs": (logprobs + noise) * mask,
+        "advantages": torch.randn(mask.shape, generator=g) * mask,
+        "values": values,
+        "returns": torch.randn(mask.shape, generator=g) * mask,
+    }
+
+
+def unpadded_logprobs(model_dir, batch) -> list[torch.Tensor]:
+    """Each row alone, no padding, plain HF forward: the reference for the padded layout."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    T = batch["response_mask"].shape[1]
+    out = []
+    for ids, attn, mask in zip(batch["input_ids"], batch["attention_mask"], batch["response_mask"]):
+        seq = ids[attn.bool()][None]
+        num_response = int(mask.sum())
+        with torch.no_grad():
+            logprobs = model(seq).logits.log_softmax(-1)[0, -num_response - 1 : -1]
+        out.append(logprobs.gather(-1, seq[0, -num_response:, None])[:, 0])
+    assert all(len(x) <= T for x in out)
+    return out
+
+
+def test_logprobs_match_unpadded_forward_and_ref(tiny_model_dir):
+    batch = make_batch()
+    policy = PolicyWorker(model_dir=str(tiny_model_dir))
+    ref = RefWorker(model_dir=str(tiny_model_dir))
+    logprobs = policy.compute_logprobs(batch)
+    for b, expected in enumerate(unpadded_logprobs(tiny_model_dir, batch)):
+        torch.testing.assert_close(logprobs[b, : len(expected)], expected, atol=1e-5, rtol=0)
+        assert (logprobs[b, len(expected) :] == 0).all()
+    # same weights, same code path: KL(pi || pi_ref) is exactly 0 before training
+    assert torch.equal(ref.compute_logprobs(batch), logprobs)
+
+
+def test_critic_starts_at_zero_and_learns(tiny_model_dir):
+    batch = make_batch()
+    critic = CriticWorker(model_dir=str(tiny_model_dir), ppo=PPOConfig(num_epochs=4, critic_lr=1e-2, value_clip_eps=10.0))
+    values = critic.compute_values(batch)
+    assert values.shape == batch["response_mask"].shape and (values == 0).all()
+    targets = {**batch, "values": values, "returns": batch["response_mask"].clone()}
+    first = critic.update(targets)
+    second = critic.update(targets)
+    assert second["loss"] < first["loss"]
+    assert critic.compute_values(batch).abs().sum() > 0
+
+
+def test_policy_update_stats(tiny_model_dir):
+    batch = make_batch()
+    policy = PolicyWorker(model_dir=str(tiny_model_dir), ppo=PPOConfig(num_minibatches=2, actor_lr=1e-3))
+    logprobs = policy.compute_logprobs(batch)
+    stats = policy.update(add_ppo_fields(batch, logprobs, torch.zeros_like(logprobs)))
+    assert set(stats) == {"loss", "entropy", "clip_frac", "approx_kl", "ratio", "grad_norm", "lr"}
+    assert all(torch.isfinite(torch.tensor(v)) for v in stats.values())
+    assert 0 < stats["clip_frac"] < 1 and stats["lr"] == 1e-3
+    assert 0 < stats["entropy"] <= torch.log(torch.tensor(326.0)).item() + 1e-4  # <= log |V|
+    assert not torch.equal(policy.compute_logprobs(batch), logprobs)
+
+
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before")
+def test_nan_advantages_skip_the_step(tiny_model_dir):
+    batch = make_batch()
+    policy = PolicyWorker(model_dir=str(tiny_model_dir))
+    before = policy.state_dict_for_sync()
+    logprobs = policy.compute_logprobs(batch)
+    bad = add_ppo_fields(batch, logprobs, torch.zeros_like(logprobs))
+    bad["advantages"] = bad["advantages"] * float("nan")
+    stats = policy.update(bad)
+    assert stats["loss"] != stats["loss"]  # NaN reported, for the loop to stop on
+    after = policy.state_dict_for_sync()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # and never applied
+
+
+def test_checkpoint_round_trip_is_exact(tiny_model_dir, tmp_path):
+    batch = make_batch()
+    ppo = PPOConfig(num_epochs=1, num_minibatches=2, actor_lr=1e-3, critic_lr=1e-3, lr_schedule=LRSchedule.linear)
+
+    def fresh():
+        return (PolicyWorker(model_dir=str(tiny_model_dir), ppo=ppo, num_iterations=4),
+                CriticWorker(model_dir=str(tiny_model_dir), ppo=ppo, num_iterations=4))
+
+    policy, critic = fresh()
+    data = add_ppo_fields(batch, policy.compute_logprobs(batch), critic.compute_values(batch))
+    policy.update(data), critic.update(data)
+    policy.save_checkpoint(tmp_path / "policy")
+    critic.save_checkpoint(tmp_path / "critic")
+    expected = policy.update(data), critic.update(data)  # continues with Adam moments and LR 0.5
+
+    policy2, critic2 = fresh()
+    policy2.load_checkpoint(tmp_path / "policy")
+    critic2.load_checkpoint(tmp_path / "critic")
+    assert (policy2.update(data), critic2.update(data)) == expected
+    for a, b in ((policy, policy2), (critic, critic2)):
+        sa, sb = a.model.state_dict(), b.model.state_dict()
+        assert all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def _two_ranks(rank: int, port: int, model_dir: str, work: str) -> None:
+    torch.set_num_threads(1)
+    data = torch.load(Path(work) / "data.pt")
+    rows = torch.arange(rank * 4, rank * 4 + 4)  # the caller's split: equal row slices
+    mine = select(data, rows)
+    common = dict(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, backend="gloo",
+                  model_dir=model_dir, ppo=PPO, num_iterations=3)
+    policy = PolicyWorker(**common)
+    critic = CriticWorker(**common)
+    ref = RefWorker(**{k: v for k, v in common.items() if k not in ("ppo", "num_iterations")})
+    assert all(type(w.model).__name__.startswith("FSDP") for w in (policy, critic, ref))  # really sharded
+    out = {
+        "logprobs": policy.compute_logprobs(mine),
+        "ref_logprobs": ref.compute_logprobs(mine),
+        "values": critic.compute_values(mine),
+        "policy_stats": policy.update(mine),
+        "critic_stats": critic.update(mine),
+    }
+    policy_state = policy.state_dict_for_sync()
+    critic_state = _full_state_dict(critic.model, critic.ranks)
+    policy.save_checkpoint(Path(work) / "policy_ckpt")
+    if rank == 0:
+        out.update(policy_state=policy_state, critic_state=critic_state)
+    torch.save(out, Path(work) / f"rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_two_gloo_ranks_match_one_unsharded_process(tiny_model_dir, tmp_path):
+    model_dir = str(tiny_model_dir)
+    batch = make_batch()
+    policy = PolicyWorker(model_dir=model_dir, ppo=PPO, num_iterations=3)
+    critic = CriticWorker(model_dir=model_dir, ppo=PPO, num_iterations=3)
+    logprobs, values = policy.compute_logprobs(batch), critic.compute_values(batch)
+    data = add_ppo_fields(batch, logprobs, values)
+    torch.save(data, tmp_path / "data.pt")
+
+    mp.spawn(_two_ranks, args=(free_port(), model_dir, str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+
+    torch.testing.assert_close(torch.cat([r["logprobs"] for r in ranks]), logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.cat([r["ref_logprobs"] for r in ranks]), logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.cat([r["values"] for r in ranks]), values)
+
+    policy_stats, critic_stats = policy.update(data), critic.update(data)
+    for got, want in ((ranks[0]["policy_stats"], policy_stats), (ranks[0]["critic_stats"], critic_stats)):
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    assert ranks[1]["policy_stats"] == ranks[0]["policy_stats"]  # every rank returns the global stats
+
+    reference = policy.state_dict_for_sync()
+    assert ranks[0]["policy_state"].keys() == reference.keys()
+    assert any(not torch.equal(reference[k], v) for k, v in PolicyWorker(model_dir=model_dir).state_dict_for_sync().items())
+    for name, tensor in reference.items():
+        torch.testing.assert_close(ranks[0]["policy_state"][name], tensor, atol=2e-5, rtol=1e-4, msg=name)
+    critic_reference = _full_state_dict(critic.model, critic.ranks)
+    for name, tensor in critic_reference.items():
+        torch.testing.assert_close(ranks[0]["critic_state"][name], tensor, atol=2e-5, rtol=1e-4, msg=name)
+
+    # A checkpoint written by 2 ranks loads into 1 (DCP reshards) with the same weights.
+    resumed = PolicyWorker(model_dir=model_dir, ppo=PPO, num_iterations=3)
+    resumed.load_checkpoint(tmp_path / "policy_ckpt")
+    resumed_state = resumed.state_dict_for_sync()
+    assert all(torch.equal(resumed_state[k], v) for k, v in ranks[0]["policy_state"].items())
+    assert resumed.trainer.num_updates == 1

@@ -1,0 +1,472 @@
+"""Training-side model workers, one plain class per role: policy (actor), critic, reference.
+
+No Ray here: ``reallocation/ray_workers.py`` hosts these classes as actors, and tests build them
+in-process. Each object is one rank of its role's group; with ``world_size > 1`` it joins the
+group's own torch.distributed world (gloo on CPU, NCCL on GPU) and shards its model with FSDP2
+over all ranks (``reallocation.parallelize.apply_fsdp``). With ``world_size == 1`` the model stays
+a plain module and no process group is created, so several roles can share one test process.
+
+Data parallelism (see ``trainer/batch.py``): the caller splits every global batch into equal row
+slices, one per rank, and calls the same method on all ranks; outputs come back per slice. Losses
+are token means over the *global* minibatch (the token count is all-reduced), and FSDP averages
+gradients over ranks, so each rank backpropagates ``world_size * its share``: N ranks take
+exactly the step one rank would take on the whole minibatch. Stats are all-reduced the same way,
+so every rank returns the global numbers.
+
+Precision: parameters and optimizer state are float32; ``dtype`` is the compute dtype (FSDP2
+mixed precision with N ranks, autocast with one). Dropout is off everywhere (``model.eval()``):
+the logprobs an update recomputes must equal the ones the rollout was scored with.
+"""
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any, Mapping
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from trainer import batch as B
+from trainer.advantages import masked_sum
+from trainer.config import PPOConfig, SFTConfig
+from trainer.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_loss
+from trainer.schedule import build_lr_scheduler
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class _Ranks:
+    """Where this worker runs: rank, world size, device, compute dtype, and the few collectives used."""
+
+    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, backend: str, dtype: str):
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype={dtype!r}: expected one of {sorted(_DTYPES)}")
+        if backend not in ("gloo", "nccl"):
+            raise ValueError(f"backend={backend!r}: expected gloo or nccl")
+        self.rank, self.world_size = rank, world_size
+        self.compute_dtype = _DTYPES[dtype]
+        if backend == "nccl":
+            # Ray gives each actor its own GPU(s) through CUDA_VISIBLE_DEVICES: the first visible one is ours.
+            self.device = torch.device("cuda", torch.cuda.current_device())
+            torch.cuda.set_device(self.device)
+        else:
+            self.device = torch.device("cpu")
+        if world_size > 1:
+            if dist.is_initialized():
+                assert (dist.get_rank(), dist.get_world_size()) == (rank, world_size), "process group mismatch"
+            else:
+                dist.init_process_group(
+                    backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size
+                )
+
+    @property
+    def sharded(self) -> bool:
+        return self.world_size > 1
+
+    def all_reduce_sum(self, x: Tensor) -> Tensor:
+        if self.sharded:
+            x = x.to(self.device)
+            dist.all_reduce(x)
+        return x
+
+    def autocast(self):
+        """Mixed precision for the unsharded case (FSDP2's MixedPrecisionPolicy does it when sharded)."""
+        enabled = not self.sharded and self.compute_dtype != torch.float32
+        return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=enabled)
+
+
+def _load_model(model_cls, model_dir: str, ranks: _Ranks, **kwargs) -> tuple[nn.Module, list[str]]:
+    """Load an HF model in float32 on this rank's device, dropout off, sharded if N > 1.
+
+    Returns the model and the names of weights missing from ``model_dir`` (newly initialized).
+    """
+    from transformers.utils import logging as hf_logging
+
+    # A missing value head is expected (it is zero-initialized below): no load report for it.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = model_cls.from_pretrained(model_dir, dtype=torch.float32, output_loading_info=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    model.eval()
+    model.to(ranks.device)
+    missing = list(info["missing_keys"])
+    return model, missing
+
+
+def _shard(model: nn.Module, ranks: _Ranks) -> nn.Module:
+    if not ranks.sharded:
+        return model
+    from reallocation.parallelize import apply_fsdp, make_mesh
+
+    mesh = make_mesh(dp=ranks.world_size, tp=1, device_type=ranks.device.type)
+    param_dtype = None if ranks.compute_dtype == torch.float32 else ranks.compute_dtype
+    return apply_fsdp(model, mesh["dp"], param_dtype=param_dtype, reduce_dtype=torch.float32)
+
+
+def _to_device(batch: Mapping[str, Tensor], device: torch.device) -> dict[str, Tensor]:
+    return {key: value.to(device) for key, value in batch.items()}
+
+
+def response_logits(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+    """Logits that predict each response token: columns P-1 .. L-2 of a causal LM, [B, T, V].
+
+    ``logits_to_keep=T + 1`` computes the LM head only on the last T + 1 columns; the last one
+    predicts past the end and is dropped. Prompt logits are never materialized.
+    """
+    T = batch["response_mask"].shape[1]
+    out = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=B.position_ids(batch),
+        logits_to_keep=T + 1,
+        use_cache=False,
+    )
+    return out.logits[:, :-1]
+
+
+def response_values(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+    """V(s_t) for each response token t: the value head at column P + t - 1, [B, T] float32."""
+    T = batch["response_mask"].shape[1]
+    out = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=B.position_ids(batch),
+        use_cache=False,
+    )
+    return out.logits[:, -T - 1 : -1, 0].float()
+
+
+def _response_logprobs(model: nn.Module, ranks: _Ranks, batch: Mapping[str, Tensor], temperature: float) -> Tensor:
+    batch = _to_device(batch, ranks.device)
+    with torch.no_grad(), ranks.autocast():
+        logits_BTV = response_logits(model, batch)
+        logprobs_BT = logprobs_from_logits(logits_BTV, B.response_tokens(batch), temperature)
+    return (logprobs_BT * batch["response_mask"]).cpu()
+
+
+def _global_grad_norm_clip(model: nn.Module, max_norm: float) -> Tensor:
+    """Clip the (possibly sharded) gradients to ``max_norm``; returns the pre-clip global norm."""
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    if hasattr(norm, "full_tensor"):  # DTensor: the norm over all shards
+        norm = norm.full_tensor()
+    return norm
+
+
+class _Trainer:
+    """Optimizer + LR schedule + the minibatch loop shared by the policy and critic updates.
+
+    Composition, not inheritance: each worker owns one and passes in its loss function.
+    """
+
+    def __init__(self, model: nn.Module, ranks: _Ranks, ppo: PPOConfig, lr: float, num_iterations: int, seed: int):
+        self.model, self.ranks, self.ppo, self.seed = model, ranks, ppo, seed
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=ppo.weight_decay)
+        self.scheduler = build_lr_scheduler(
+            self.optimizer, ppo.lr_schedule, ppo.num_warmup_iterations, max(num_iterations, 1)
+        )
+        self.num_updates = 0
+        """PPO iterations done; seeds the minibatch order, so a resumed run shuffles the same way."""
+
+    def run(self, batch: Mapping[str, Tensor], loss_fn) -> dict[str, float]:
+        """``num_epochs`` x ``num_minibatches`` optimizer steps over this rank's slice, then one LR step.
+
+        ``loss_fn(minibatch, num_tokens) -> (loss, {name: scalar})`` returns this rank's share of
+        the global-minibatch token mean (the stats too); the shares sum to the global value.
+        """
+        batch = _to_device(batch, self.ranks.device)
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.num_updates)
+        lr = self.optimizer.param_groups[0]["lr"]
+        sums: dict[str, Tensor] = {}
+        grad_norms = []
+        num_steps = 0
+        for _ in range(self.ppo.num_epochs):
+            for rows in B.minibatch_rows(B.num_rows(batch), self.ppo.num_minibatches, generator):
+                minibatch = B.select(batch, rows.to(self.ranks.device))
+                num_tokens = self.ranks.all_reduce_sum(minibatch["response_mask"].sum().float())
+                with self.ranks.autocast():
+                    loss, stats = loss_fn(minibatch, num_tokens)
+                # FSDP averages gradients over ranks; our loss is this rank's share of a sum.
+                (loss * self.ranks.world_size).backward()
+                grad_norm = _global_grad_norm_clip(self.model, self.ppo.max_grad_norm)
+                if torch.isfinite(grad_norm):
+                    self.optimizer.step()
+                # else: skip the step so a NaN/inf never reaches the weights; the stats report it.
+                self.optimizer.zero_grad(set_to_none=True)
+                for name, value in {"loss": loss.detach(), **stats}.items():
+                    sums[name] = sums.get(name, 0.0) + value.detach().float()
+                grad_norms.append(grad_norm.detach().float().cpu())
+                num_steps += 1
+        self.scheduler.step()
+        self.num_updates += 1
+        names = sorted(sums)
+        totals = self.ranks.all_reduce_sum(torch.stack([sums[n] for n in names])).cpu() / num_steps
+        out = {name: float(v) for name, v in zip(names, totals)}
+        out["grad_norm"] = float(torch.stack(grad_norms).mean())
+        out["lr"] = lr
+        return out
+
+    def state_dict_extra(self) -> dict[str, Any]:
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {"scheduler": self.scheduler.state_dict(), "num_updates": self.num_updates, "rng": rng}
+
+    def load_state_dict_extra(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.num_updates = state["num_updates"]
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+
+    def save(self, directory: str | Path) -> None:
+        """Model + optimizer via torch.distributed.checkpoint (sharded, each rank writes its own
+        shards; reloadable at another world size), plus per-rank scheduler/counter/RNG state."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / "dcp"),
+                 no_dist=not self.ranks.sharded)
+        torch.save(self.state_dict_extra(), directory / f"extra_rank{self.ranks.rank}.pt")
+        if self.ranks.sharded:
+            dist.barrier()  # the caller renames the directory once every rank has written
+
+    def load(self, directory: str | Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        directory = Path(directory)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        dcp.load(state, checkpoint_id=str(directory / "dcp"), no_dist=not self.ranks.sharded)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra = directory / f"extra_rank{self.ranks.rank}.pt"
+        if not extra.exists():  # saved with another world size: rank 0's schedule is everyone's
+            extra = directory / "extra_rank0.pt"
+        self.load_state_dict_extra(torch.load(extra, weights_only=False))
+
+
+class PolicyWorker:
+    """The actor: response logprobs, PPO-clip updates, SFT steps, weights for sync, checkpoints."""
+
+    def __init__(
+        self,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int = 29500,
+        backend: str = "gloo",
+        *,
+        model_dir: str,
+        dtype: str = "float32",
+        ppo: PPOConfig | None = None,
+        sft: SFTConfig | None = None,
+        num_iterations: int = 1,
+        seed: int = 0,
+        temperature: float = 1.0,
+    ):
+        """``num_iterations`` sizes the LR schedule; ``temperature`` is the rollout sampler's, so
+        that logprobs are those of the distribution tokens were drawn from."""
+        from transformers import AutoModelForCausalLM
+
+        self.ranks = _Ranks(rank, world_size, master_addr, master_port, backend, dtype)
+        self.ppo = ppo or PPOConfig()
+        self.sft = sft or SFTConfig()
+        self.temperature = temperature
+        self.model_dir = model_dir
+        torch.manual_seed(seed)
+        model, _ = _load_model(AutoModelForCausalLM, model_dir, self.ranks)
+        self.model = _shard(model, self.ranks)
+        self.trainer = _Trainer(self.model, self.ranks, self.ppo, self.ppo.actor_lr, num_iterations, seed)
+        self._sft_optimizer: torch.optim.Optimizer | None = None
+
+    def compute_logprobs(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """log pi(a_t | s_t) of each response token of this rank's slice, [B, T] (0 on padding)."""
+        return _response_logprobs(self.model, self.ranks, batch, self.temperature)
+
+    def _policy_loss(self, minibatch: Mapping[str, Tensor], num_tokens: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        mask_BT = minibatch["response_mask"]
+        logits_BTV = response_logits(self.model, minibatch)
+        logprobs_BT = logprobs_from_logits(logits_BTV, B.response_tokens(minibatch), self.temperature)
+        loss, stats = policy_loss(
+            logprobs_BT, minibatch["old_logprobs"], minibatch["advantages"], mask_BT, self.ppo.clip_eps, num_tokens
+        )
+        # Entropy costs a softmax over the vocabulary: keep it out of the graph unless it is in the loss.
+        with torch.set_grad_enabled(self.ppo.entropy_coef != 0.0):
+            entropy = masked_sum(entropy_from_logits(logits_BTV), mask_BT) / num_tokens.clamp(min=1)
+        if self.ppo.entropy_coef != 0.0:
+            loss = loss - self.ppo.entropy_coef * entropy
+        return loss, {"clip_frac": stats.clip_frac, "approx_kl": stats.approx_kl, "ratio": stats.ratio,
+                      "entropy": entropy.detach()}
+
+    def update(self, batch: Mapping[str, Tensor]) -> dict[str, float]:
+        """One PPO iteration on this rank's slice (keys: input_ids, attention_mask, [position_ids],
+        response_mask, old_logprobs, advantages). Returns global means over the optimizer steps:
+        loss, entropy, clip_frac, approx_kl, ratio, grad_norm (pre-clip), lr."""
+        return self.trainer.run(batch, self._policy_loss)
+
+    def sft_step(self, batch: Mapping[str, Tensor]) -> float:
+        """One supervised step on the response tokens (the reference solutions); returns the global
+        mean NLL per response token. Uses its own AdamW at ``sft.lr`` (constant), not the PPO one."""
+        if self._sft_optimizer is None:
+            self._sft_optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.sft.lr, weight_decay=0.0)
+        batch = _to_device(batch, self.ranks.device)
+        mask_BT = batch["response_mask"]
+        num_tokens = self.ranks.all_reduce_sum(mask_BT.sum().float())
+        with self.ranks.autocast():
+            logprobs_BT = logprobs_from_logits(response_logits(self.model, batch), B.response_tokens(batch))
+            loss = -masked_sum(logprobs_BT, mask_BT) / num_tokens.clamp(min=1)
+        (loss * self.ranks.world_size).backward()
+        _global_grad_norm_clip(self.model, self.ppo.max_grad_norm)
+        self._sft_optimizer.step()
+        self._sft_optimizer.zero_grad(set_to_none=True)
+        return float(self.ranks.all_reduce_sum(loss.detach()).cpu())
+
+    def state_dict_for_sync(self) -> dict[str, Tensor] | None:
+        """Full HF-named weights in the compute dtype, on CPU, on rank 0 (None elsewhere).
+
+        Collective: every rank must call it. Tied embeddings appear under both names
+        (``model.embed_tokens.weight`` and ``lm_head.weight``), as ``model.state_dict()`` has them.
+        """
+        return _full_state_dict(self.model, self.ranks)
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write an HF model directory (weights in float32 + config + the tokenizer) from rank 0."""
+        state = _full_state_dict(self.model, self.ranks, dtype=torch.float32)
+        if state is not None:
+            from transformers import AutoTokenizer
+
+            self.model.save_pretrained(directory, state_dict=state)
+            AutoTokenizer.from_pretrained(self.model_dir).save_pretrained(directory)
+        if self.ranks.sharded:
+            dist.barrier()
+
+    def save_checkpoint(self, directory: str | Path) -> None:
+        """Model, optimizer, LR schedule, update counter and RNG into ``directory`` (collective)."""
+        self.trainer.save(directory)
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        self.trainer.load(directory)
+
+
+class CriticWorker:
+    """The value model: the policy's backbone with a fresh, zero-initialized scalar head.
+
+    Built as ``AutoModelForTokenClassification(num_labels=1)`` from a causal-LM directory: the
+    backbone weights load, the LM head is ignored, and the missing ``score`` head starts at 0 so
+    that the first iteration's advantages are plain reward-to-go.
+    """
+
+    def __init__(
+        self,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int = 29500,
+        backend: str = "gloo",
+        *,
+        model_dir: str,
+        dtype: str = "float32",
+        ppo: PPOConfig | None = None,
+        num_iterations: int = 1,
+        seed: int = 0,
+    ):
+        from transformers import AutoConfig, AutoModelForTokenClassification
+
+        self.ranks = _Ranks(rank, world_size, master_addr, master_port, backend, dtype)
+        self.ppo = ppo or PPOConfig()
+        torch.manual_seed(seed)
+        config = AutoConfig.from_pretrained(model_dir, num_labels=1, classifier_dropout=0.0)
+        model, missing = _load_model(AutoModelForTokenClassification, model_dir, self.ranks, config=config)
+        head = getattr(model, "score", None)
+        if not isinstance(head, nn.Linear):
+            raise TypeError(f"{type(model).__name__} has no `score` value head; cannot build a critic from {model_dir}")
+        if any(name.startswith("score.") for name in missing):
+            with torch.no_grad():
+                head.weight.zero_()
+                if head.bias is not None:
+                    head.bias.zero_()
+        self.model = _shard(model, self.ranks)
+        self.trainer = _Trainer(self.model, self.ranks, self.ppo, self.ppo.critic_lr, num_iterations, seed)
+
+    def compute_values(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """V(s_t) for each response token of this rank's slice, [B, T] (0 on padding)."""
+        batch = _to_device(batch, self.ranks.device)
+        with torch.no_grad(), self.ranks.autocast():
+            values_BT = response_values(self.model, batch)
+        return (values_BT * batch["response_mask"]).cpu()
+
+    def _value_loss(self, minibatch: Mapping[str, Tensor], num_tokens: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        values_BT = response_values(self.model, minibatch)
+        loss, stats = value_loss(
+            values_BT, minibatch["values"], minibatch["returns"], minibatch["response_mask"],
+            self.ppo.value_clip_eps, num_tokens,
+        )
+        return loss, {"clip_frac": stats.clip_frac, "values": stats.values}
+
+    def update(self, batch: Mapping[str, Tensor]) -> dict[str, float]:
+        """One iteration of clipped value regression on this rank's slice (keys: input_ids,
+        attention_mask, [position_ids], response_mask, values, returns). Returns global means:
+        loss, clip_frac, values, grad_norm (pre-clip), lr."""
+        return self.trainer.run(batch, self._value_loss)
+
+    def save_checkpoint(self, directory: str | Path) -> None:
+        self.trainer.save(directory)
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        self.trainer.load(directory)
+
+
+class RefWorker:
+    """The frozen reference policy: logprobs only. Loaded and sharded exactly like the policy, so
+    that KL(pi || pi_ref) is 0 before the first update whatever the compute dtype."""
+
+    def __init__(
+        self,
+        rank: int = 0,
+        world_size: int = 1,
+        master_addr: str = "127.0.0.1",
+        master_port: int = 29500,
+        backend: str = "gloo",
+        *,
+        model_dir: str,
+        dtype: str = "float32",
+        seed: int = 0,
+        temperature: float = 1.0,
+    ):
+        from transformers import AutoModelForCausalLM
+
+        self.ranks = _Ranks(rank, world_size, master_addr, master_port, backend, dtype)
+        self.temperature = temperature
+        torch.manual_seed(seed)
+        model, _ = _load_model(AutoModelForCausalLM, model_dir, self.ranks)
+        model.requires_grad_(False)
+        self.model = _shard(model, self.ranks)
+
+    def compute_logprobs(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """log pi_ref(a_t | s_t) of each response token of this rank's slice, [B, T] (0 on padding)."""
+        return _response_logprobs(self.model, self.ranks, batch, self.temperature)
+
+
+def _full_state_dict(model: nn.Module, ranks: _Ranks, dtype: torch.dtype | None = None) -> dict[str, Tensor] | None:
+    """Unsharded, HF-named CPU state dict on rank 0 (None on other ranks); collective when sharded.
+
+    TODO(reallocation): the trainer's sync switches to ``reallocation.sync.iter_full_weights``, which
+    streams buckets to the destination only; this gathers everything on rank 0.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    dtype = dtype or ranks.compute_dtype
+    if ranks.sharded:
+        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if ranks.rank != 0:
+            return None
+    else:
+        state = model.state_dict()
+    return {name: tensor.detach().to("cpu", dtype).clone() for name, tensor in state.items()}
