@@ -24,8 +24,6 @@ _MARKER_RE = {
     "math": re.compile("|".join(_MARKERS), re.IGNORECASE),
     "gsm8k": re.compile("|".join(_MARKERS + (r"####",)), re.IGNORECASE),
 }
-# A sentence ends at . ! ? followed by space or end (a decimal point is followed by a digit).
-_SENTENCE_END_RE = re.compile(r"[.!?](?=\s|$)")
 _BARE_ARG_RE = re.compile(r"\\[a-zA-Z]+|[^\s$]+")
 
 
@@ -95,35 +93,60 @@ def _find_last_box(text: str) -> re.Match | None:
     return last
 
 
-_MATH_OPENERS = (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)"), ("$", "$"))
+_DISPLAY_OPENERS = (("$$", "$$"), ("\\[", "\\]"))
+# Reasons trail an answer written in prose: "5 because 2 + 3 = 5".
+_PROSE_RE = re.compile(r"\s(?:because|since|as|which|given|so that)\s", re.IGNORECASE)
 
 
 def _after_marker(text: str) -> tuple[str | None, str]:
-    """The answer that follows a marker: a math span, or the rest of the sentence."""
-    rest = text.lstrip(" \t:*_")
-    rest = rest.lstrip()
-    if rest[:2] == "is":
+    """The answer that follows a marker: a display-math block, or the rest of the sentence."""
+    rest = text.lstrip(" \t\n:*_")
+    if rest[:2].lower() == "is" and not rest[2:3].isalpha():
         rest = rest[2:].lstrip(" \t:")
-    for opener, closer in _MATH_OPENERS:
-        if not rest.startswith(opener):
-            continue
-        end = rest.find(closer, len(opener))
-        if end >= 0:
+    for opener, closer in _DISPLAY_OPENERS:
+        if rest.startswith(opener):
+            end = rest.find(closer, len(opener))
+            if end < 0:
+                return None, "truncated"
             return rest[len(opener) : end].strip(), "ok"
-        if opener == "$":
-            # A lone `$18` is currency, not an opened math span.
-            line = rest.split("\n", 1)[0]
-            if re.match(r"\$\s*[\d.,]+", line):
-                return _first_sentence(line), "ok"
+    return _sentence(rest.split("\n", 1)[0])
+
+
+def _sentence(line: str) -> tuple[str | None, str]:
+    """The first sentence of line; a period inside $...$ or \\(...\\) does not end it."""
+    dollars = [m.start() for m in re.finditer(r"(?<!\\)\$", line)]
+    if len(dollars) % 2:
+        # An odd `$` before a number is currency ("The answer is $18."), not an opened span.
+        line = re.sub(r"(?<!\\)\$(?=\s*\d)", "", line)
+        if len(re.findall(r"(?<!\\)\$", line)) % 2:
+            return None, "truncated"
+    if line.count("\\(") != line.count("\\)"):
         return None, "truncated"
-    return _first_sentence(rest.split("\n", 1)[0]), "ok"
-
-
-def _first_sentence(line: str) -> str:
-    m = _SENTENCE_END_RE.search(line)
-    if m is not None:
-        line = line[: m.start()]
-    return line.strip().rstrip(",;:").strip()
+    in_math = False
+    end = len(line)
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if c == "\\":
+            nxt = line[i + 1 : i + 2]
+            if nxt == "(":
+                in_math = True
+            elif nxt == ")":
+                in_math = False
+            i += 2
+            continue
+        if c == "$":
+            in_math = not in_math
+        elif c in ".!?" and not in_math and (i + 1 == len(line) or line[i + 1].isspace()):
+            end = i
+            break
+        i += 1
+    sentence = line[:end]
+    prose = _PROSE_RE.search(sentence)
+    if prose is not None:
+        sentence = sentence[: prose.start()]
+    sentence = re.sub(r"(?<!\\)\$|\\\(|\\\)", " ", sentence)
+    return sentence.strip().rstrip(",;:").strip(), "ok"
 
 
 def _braces_balanced(text: str) -> bool:

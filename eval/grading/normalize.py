@@ -153,6 +153,8 @@ _TEXT_CMD_RE = re.compile(
     r"mathsf|mathtt|mathnormal|mbox|hbox|boldsymbol|bm|emph|mathbb|mathcal|mathscr|mathfrak)"
     r"\s*\{"
 )
+_ANSWER_PHRASE_RE = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\b|:)\s*:?", re.IGNORECASE)
+_SCIENTIFIC_RE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*[eE]\s*([+-]?\d+)(?![\w.])")
 _OVERLINE_RE = re.compile(r"(\d*)\.(\d*)\\(?:overline|bar|dot)\s*(?:\{(\d+)\}|(\d))")
 _REPEATING_PAREN_RE = re.compile(r"(?<![\d)])(\d*)\.(\d*)\((\d+)\)(?![\d(])")
 
@@ -196,6 +198,8 @@ def clean(text: str) -> str:
         s = pattern.sub(repl, s)
     s = _unwrap_text_commands(s)
     s = re.sub(r"\\mathbb\s*R(?![a-zA-Z])|\\R(?![a-zA-Z])", r"\\mathbbR", s)
+    s = _ANSWER_PHRASE_RE.sub("", s, count=1)
+    s = _SCIENTIFIC_RE.sub(r"\1\\times10^{\2}", s)
     s = _OVERLINE_RE.sub(_repeating, s)
     s = _REPEATING_PAREN_RE.sub(_repeating, s)
     s = re.sub(r"\s+", " ", s).strip()
@@ -357,8 +361,10 @@ _NOT_UNITS = {"pi", "inf", "infinity", "sqrt", "cis", "or", "and", "mod", "sin",
 _GLUED_UNIT_RE = re.compile(
     r"(?<=\d)(?:cm|mm|km|kg|mg|ml|mL|lbs?|oz|ft|yd|mph|sec|hrs?|mins?|m|g|s|L)(?:\^\{?[23]\}?)?\s*$"
 )
-_CHOICE_RE = re.compile(r"^\(([A-Z])\)(?:$|\s|[.:]|\\)|^([A-Z])$|^([A-Z])\)")
-_BASED_RE = re.compile(r"^([0-9A-Za-z]+)_\{?\(?(\d{1,2})\)?\}?$")
+_CHOICE_RE = re.compile(
+    r"^(?:(?i:option|choice)\s*)?(?:\(([A-Z])\)(?:$|\s|[.:]|\\)|([A-Z])$|([A-Z])\))"
+)
+_BASED_RE = re.compile(r"^\(?([0-9A-Za-z]+)\)?\s*_\s*\{?\(?(\d{1,2})\)?\}?$")
 _TEXT_RE = re.compile(r"^[A-Za-z][A-Za-z' ]*[A-Za-z.]?$")
 _ARTICLES_RE = re.compile(r"^(?:the|a|an)\s+")
 
