@@ -73,6 +73,7 @@ class EngineInfo:
     max_model_len: int
     tensor_parallel_size: int
     device: str
+    vllm_version: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -130,10 +131,13 @@ class VLLMEngine:
                 f"{tokenizer_dir}: no tokenizer files (tokenizer.json / tokenizer_config.json / tokenizer.model); "
                 "pass tokenizer_dir= (CLI: tokenizer=DIR) pointing at the base model's directory"
             )
+        import vllm
         from vllm import LLM
 
-        # vLLM drops torch to 1 intra-op thread for serving (a process-wide setting); close() restores it.
+        # vLLM's CPU worker drops torch to 1 intra-op thread and replaces torch.set_num_threads with a
+        # no-op for the whole process (in-process engine); close() puts both back.
         self._torch_threads_before = torch.get_num_threads()
+        self._set_num_threads = torch.set_num_threads
         on_gpu = torch.cuda.is_available()
         kwargs: dict[str, Any] = dict(
             model=str(model_dir),
@@ -157,6 +161,7 @@ class VLLMEngine:
             max_model_len=max_model_len,
             tensor_parallel_size=tensor_parallel_size,
             device="cuda" if on_gpu else "cpu",
+            vllm_version=getattr(vllm, "__version__", ""),
             extra={k: v for k, v in llm_kwargs.items() if isinstance(v, (str, int, float, bool))},
         )
 
@@ -289,4 +294,5 @@ class VLLMEngine:
         import gc
 
         gc.collect()
+        torch.set_num_threads = self._set_num_threads
         torch.set_num_threads(self._torch_threads_before)

@@ -1,0 +1,244 @@
+"""``python -m eval``: evaluate a model on MATH / GSM8K with vLLM and write a report.
+
+    python -m eval model=smollm2-135m data=gsm8k                       # greedy, full GSM8K test
+    python -m eval model=smollm2-135m data=math500 data.limit=50       # a fixed-seed subset
+    python -m eval model=qwen2.5-math-1.5b-instruct model.path=/models/q15 data=math
+    python -m eval model.source=hf model.path=outputs/run/checkpoints/iter-20/policy data=math500
+    python -m eval data=gsm8k num_samples=8 temperature=0.6            # sampling acc, pass@k, maj@k
+    python -m eval data=gsm8k prompt=raw num_fewshot=4                 # few-shot, plain text
+    python -m eval data.name=my_problems.jsonl                         # any jsonl/json/parquet file
+
+Writes ``samples.jsonl`` (one graded sample per line), ``summary.json`` and ``report.md`` into the
+run directory and prints that directory as the last line of stdout (progress goes to stderr).
+The default run directory is a hash of the settings, so rerunning a killed command resumes it.
+"""
+from __future__ import annotations
+
+import os
+
+# Quiet vLLM's per-request INFO lines unless the user asked for them (read when vllm is imported).
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+
+import dataclasses  # noqa: E402
+import hashlib  # noqa: E402
+import json  # noqa: E402
+import re  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from enum import Enum  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import hydra  # noqa: E402
+from hydra.core.config_store import ConfigStore  # noqa: E402
+from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
+
+from eval.config import EvalConfig  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MODEL_CONFIG_DIR = REPO_ROOT / "configs" / "model"
+
+
+class EvalError(RuntimeError):
+    """A problem with the user's input: printed without a traceback."""
+
+
+def register_configs() -> None:
+    """The schema, plus configs/model/*.yaml as the `model` group (shared with training).
+
+    The app's own config directory is configs/eval/ because configs/data/ is training's data
+    group: with configs/ as the root, ``data=math500`` would select a training data config.
+    """
+    cs = ConfigStore.instance()
+    cs.store(name="eval_schema", node=EvalConfig)
+    for path in sorted(MODEL_CONFIG_DIR.glob("*.yaml")):
+        cs.store(group="model", name=path.stem, node=OmegaConf.load(path))
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, Enum):
+        return x.value
+    if isinstance(x, dict):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "x"
+
+
+def run_key(cfg: EvalConfig, model_dir: Path) -> dict[str, Any]:
+    """Everything that changes the generated samples (not out_dir, resume, chunk_size or ks)."""
+    d = _plain(dataclasses.asdict(cfg))
+    for k in ("out_dir", "resume", "chunk_size", "ks"):
+        d.pop(k)
+    d["model_dir"] = str(model_dir)
+    return d
+
+
+def default_run_dir(cfg: EvalConfig, key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]
+    data = Path(cfg.data.name).stem if cfg.data.name.endswith((".jsonl", ".json", ".parquet")) else cfg.data.name
+    limit = f"-limit{cfg.data.limit}" if cfg.data.limit else ""
+    return REPO_ROOT / "outputs" / "eval" / f"{_slug(cfg.model.name)}-{_slug(data)}{limit}-{digest}"
+
+
+def _prepare_run_dir(run_dir: Path, key: dict[str, Any], resume: bool) -> None:
+    from eval.report import CONFIG_FILE, SAMPLES_FILE, SUMMARY_FILE, write_json
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    config_path = run_dir / CONFIG_FILE
+    if not resume:
+        for name in (SAMPLES_FILE, SUMMARY_FILE):
+            (run_dir / name).unlink(missing_ok=True)
+    elif config_path.exists():
+        old = json.loads(config_path.read_text(encoding="utf-8"))
+        if old != key:
+            diff = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
+            raise EvalError(f"{run_dir} holds an evaluation with other settings (differs in: {', '.join(diff)}); "
+                            "choose another out_dir, or resume=false to overwrite it")
+    write_json(config_path, key)
+
+
+def run_eval(cfg: EvalConfig) -> Path:
+    """Evaluate ``cfg.model`` on ``cfg.data`` and write the run directory; returns its path."""
+    from transformers import AutoTokenizer
+
+    from eval.data import DataError, load_problems
+    from eval.evaluate import ResumeError, evaluate
+    from eval.prompts import fewshot_source_for, load_template, with_fewshot
+    from eval.report import SAMPLES_FILE, write_report
+    from models.config import ModelSource
+    from models.registry import ModelNotAvailable, resolve_model_dir
+    from models.vllm_engine import has_tokenizer
+
+    t_start = time.monotonic()
+    try:
+        problems = load_problems(cfg.data.name, limit=cfg.data.limit, seed=cfg.data.seed, synthetic_split="heldout")
+        template = load_template(cfg.prompt or cfg.data.prompt)
+        if cfg.num_fewshot:
+            source = cfg.fewshot_source or fewshot_source_for(cfg.data.name)
+            template = with_fewshot(template, source, cfg.num_fewshot, seed=cfg.data.seed)
+            exemplars = {q for q, _ in template.fewshot}
+            problems = [p for p in problems if p.question not in exemplars]  # never test on a shown exemplar
+    except (DataError, ValueError) as e:
+        raise EvalError(str(e)) from None
+
+    model_cfg = cfg.model
+    if model_cfg.source == ModelSource.hf and model_cfg.name == "tiny" and model_cfg.path:
+        # `model.source=hf model.path=DIR` without a name: call the run after the directory.
+        model_cfg = dataclasses.replace(model_cfg, name=Path(model_cfg.path).name or "model")
+        cfg = dataclasses.replace(cfg, model=model_cfg)
+    try:
+        model_dir = resolve_model_dir(model_cfg)
+    except ModelNotAvailable as e:
+        raise EvalError(str(e)) from None
+    tokenizer_dir = Path(cfg.tokenizer) if cfg.tokenizer else model_dir
+    if not has_tokenizer(tokenizer_dir):
+        raise EvalError(f"{tokenizer_dir} has no tokenizer (no tokenizer.json / tokenizer_config.json / tokenizer.model); "
+                        "pass tokenizer=/path/to/the/base/model")
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    model_len = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", cfg.max_model_len)
+    max_model_len = min(cfg.max_model_len, int(model_len))
+    try:
+        prompt_example = template.render("{question}", tokenizer)
+        too_long = [p.id for p in problems
+                    if len(tokenizer.encode(template.render(p.question, tokenizer), add_special_tokens=False)) >= max_model_len]
+    except ValueError as e:
+        raise EvalError(str(e)) from None
+    if too_long:
+        raise EvalError(f"{len(too_long)} prompts do not fit the context ({max_model_len} tokens), e.g. {too_long[:3]}; "
+                        "raise max_model_len (up to the model's) or use fewer few-shot exemplars")
+
+    key = run_key(cfg, model_dir)
+    run_dir = Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg, key)
+    _prepare_run_dir(run_dir, key, cfg.resume)
+    _log(f"[eval] {model_cfg.name} on {cfg.data.name}: {len(problems)} problems x {cfg.num_samples} samples -> {run_dir}")
+
+    engine = None
+    engine_info: dict[str, Any] = {}
+
+    def generate_fn(prompts, **kwargs):
+        # The engine starts on first use: a finished run re-reports without loading the model.
+        nonlocal engine, engine_info
+        if engine is None:
+            from models.vllm_engine import VLLMEngine
+
+            t = time.monotonic()
+            engine = VLLMEngine(model_dir, tokenizer_dir=tokenizer_dir, dtype=model_cfg.dtype, seed=cfg.seed,
+                                max_model_len=max_model_len)
+            engine_info = {**dataclasses.asdict(engine.info), "startup_seconds": time.monotonic() - t}
+            _log(f"[eval] vLLM engine ready in {engine_info['startup_seconds']:.1f} s")
+        return engine.generate(prompts, logprobs=False, **kwargs)
+
+    try:
+        result = evaluate(generate_fn, problems, template, tokenizer=tokenizer, num_samples=cfg.num_samples,
+                          temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
+                          seed=cfg.seed, ks=cfg.ks or None, samples_path=run_dir / SAMPLES_FILE,
+                          chunk_size=cfg.chunk_size)
+    except ResumeError as e:
+        raise EvalError(str(e)) from None
+    finally:
+        if engine is not None:
+            engine.close()
+
+    previous = _previous_run(run_dir)
+    result.summary["run"] = {
+        "model": model_cfg.name, "model_dir": str(model_dir), "model_source": model_cfg.source.value,
+        "dtype": model_cfg.dtype, "dataset": cfg.data.name, "limit": cfg.data.limit, "data_seed": cfg.data.seed,
+        "max_model_len": max_model_len, "prompt_example": prompt_example,
+        # This invocation only: with resume, timing.num_problems_resumed problems came from earlier attempts.
+        "wall_seconds": time.monotonic() - t_start,
+        "engine": engine_info or previous.get("engine", {}),
+        "command": "python -m eval " + " ".join(sys.argv[1:]),
+    }
+    write_report(run_dir, result.summary, result.records)
+    acc = result.summary["accuracy"]
+    _log(f"[eval] accuracy {100 * acc['mean']:.1f}% [{100 * acc['ci_low']:.1f}, {100 * acc['ci_high']:.1f}] "
+         f"on {result.summary['num_problems']} problems")
+    return run_dir
+
+
+def _previous_run(run_dir: Path) -> dict[str, Any]:
+    """The "run" block of the summary an earlier attempt wrote into ``run_dir`` (or {})."""
+    from eval.report import SUMMARY_FILE
+
+    path = run_dir / SUMMARY_FILE
+    try:
+        return json.loads(path.read_text(encoding="utf-8")).get("run", {})
+    except (OSError, ValueError):
+        return {}
+
+
+def _log(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def to_eval_config(cfg: DictConfig) -> EvalConfig:
+    try:
+        typed = OmegaConf.to_object(cfg)
+    except OmegaConfBaseException as e:
+        raise EvalError(f"config error: {e}") from None
+    except ValueError as e:  # a schema's __post_init__; the message names the key
+        raise EvalError(f"config error: {e}") from None
+    assert isinstance(typed, EvalConfig), type(typed)
+    return typed
+
+
+register_configs()
+
+
+@hydra.main(config_path="../configs/eval", config_name="eval", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    try:
+        run_dir = run_eval(to_eval_config(cfg))
+    except EvalError as e:
+        raise SystemExit(f"error: {e}") from None
+    print(run_dir)
+
+
+if __name__ == "__main__":
+    main()

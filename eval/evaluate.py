@@ -1,0 +1,249 @@
+"""``evaluate``: generate -> grade -> metrics, for the CLI and for the trainer's periodic evaluation.
+
+Evaluation takes a *generate function* and knows nothing about how generation happens (vLLM in
+this process, a Ray group of engines inside the trainer, a fake in tests)::
+
+    from eval.evaluate import evaluate
+    from eval.prompts import TEMPLATES
+
+    result = evaluate(engine.generate_fn(), problems, TEMPLATES["qwen_math_cot"], tokenizer=tok)
+    result.summary["accuracy"]["mean"], result.records[0]["response"]
+
+With ``samples_path``, every graded sample is appended to a JSONL file as soon as its chunk is
+done, and a later call with the same path skips the problems already there (resume after a kill).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from eval.data import Problem
+from eval.metrics import summarize
+from eval.prompts import PromptTemplate
+
+
+class CompletionLike(Protocol):
+    """What a generate function returns per sample (``models.vllm_engine.Completion`` fits)."""
+
+    text: str
+    token_ids: Sequence[int]
+    finish_reason: str
+
+
+class GenerateFn(Protocol):
+    """prompts -> for each prompt, ``n`` completions. ``temperature=0`` means greedy.
+
+    ``stop`` is passed only when the template has stop strings. A completion may also be a plain
+    ``str`` (then its length is counted in characters and finish_reason is "stop").
+    """
+
+    def __call__(
+        self,
+        prompts: list[str],
+        *,
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_new_tokens: int,
+        seed: int,
+        **kwargs: Any,
+    ) -> list[list[CompletionLike | str]]: ...
+
+
+class GradeManyFn(Protocol):
+    """``eval.grade.grade_many``'s signature (results have .correct, .extracted, .reason)."""
+
+    def __call__(self, responses: Sequence[str], golds: Sequence[str], datasets: Sequence[str]) -> list[Any]: ...
+
+
+class ResumeError(ValueError):
+    """The samples file belongs to a different evaluation (other prompts or sample count)."""
+
+
+@dataclass
+class EvalResult:
+    summary: dict[str, Any]
+    """Metrics (see ``eval.metrics.summarize``) plus the settings that produced them."""
+    records: list[dict[str, Any]] = field(repr=False)
+    """One dict per sample, in problem order then sample order."""
+
+
+def _default_grade_many(responses, golds, datasets):
+    from eval.grade import grade_many
+
+    return grade_many(responses, golds, datasets)
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def _fmt_seconds(s: float) -> str:
+    s = int(round(s))
+    h, rem = divmod(s, 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s"
+
+
+def read_samples(path: Path) -> list[dict[str, Any]]:
+    """Records of a samples JSONL file; a torn last line (killed mid-write) is ignored."""
+    if not path.exists():
+        return []
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if not line.endswith("\n"):
+                break  # the process died while writing this line
+            if line.strip():
+                records.append(json.loads(line))
+    return records
+
+
+def _append(path: Path, records: list[dict[str, Any]]) -> None:
+    with path.open("a", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
+    """Atomically replace ``path`` with exactly ``records`` (drops torn lines and partial problems)."""
+    tmp = path.with_name(path.name + ".tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _as_completion(c: CompletionLike | str) -> tuple[str, int, str]:
+    if isinstance(c, str):
+        return c, len(c), "stop"
+    return c.text, len(c.token_ids), c.finish_reason
+
+
+def evaluate(
+    generate_fn: GenerateFn,
+    problems: Sequence[Problem],
+    template: PromptTemplate,
+    *,
+    tokenizer: Any = None,
+    num_samples: int = 1,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    max_new_tokens: int = 1024,
+    seed: int = 0,
+    ks: Sequence[int] | None = None,
+    samples_path: str | Path | None = None,
+    chunk_size: int = 64,
+    grade_many_fn: GradeManyFn | None = None,
+    log: Callable[[str], None] | None = _stderr,
+) -> EvalResult:
+    """Generate ``num_samples`` responses per problem, grade them, and compute the metrics.
+
+    ``tokenizer`` renders chat templates (any object with ``apply_chat_template``).
+    ``chunk_size`` problems are generated at a time: the unit of progress reports and of resume.
+    ``log`` gets progress lines (rate, ETA); None for silence.
+    """
+    if not problems:
+        raise ValueError("no problems to evaluate")
+    if num_samples < 1:
+        raise ValueError(f"num_samples={num_samples}: need >= 1")
+    if temperature <= 0 and num_samples > 1:
+        raise ValueError(f"num_samples={num_samples} with temperature={temperature}: greedy samples are identical; "
+                         "set temperature > 0 for sampling metrics")
+    ids = [p.id for p in problems]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"problem ids must be unique (resume and reports key on them); {dup!r} repeats")
+    grade_many_fn = grade_many_fn or _default_grade_many
+    log = log or (lambda _: None)
+    prompts = {p.id: template.render(p.question, tokenizer) for p in problems}
+
+    path = Path(samples_path) if samples_path else None
+    done: dict[str, list[dict[str, Any]]] = {}
+    if path is not None:
+        done = _load_done(path, prompts, num_samples)
+        _rewrite(path, [r for p in problems if p.id in done for r in done[p.id]])
+        if done:
+            log(f"[eval] resuming: {len(done)}/{len(problems)} problems already in {path}")
+
+    todo = [p for p in problems if p.id not in done]
+    t0 = time.monotonic()
+    num_done_here = 0
+    num_tokens_here = 0
+    gen_kwargs: dict[str, Any] = dict(n=num_samples, temperature=temperature, top_p=top_p,
+                                      max_new_tokens=max_new_tokens, seed=seed)
+    if template.stop:
+        gen_kwargs["stop"] = list(template.stop)
+    for start in range(0, len(todo), chunk_size):
+        chunk = todo[start : start + chunk_size]
+        outs = generate_fn([prompts[p.id] for p in chunk], **gen_kwargs)
+        if len(outs) != len(chunk) or any(len(o) != num_samples for o in outs):
+            raise RuntimeError(f"generate_fn returned {[len(o) for o in outs]} completions for {len(chunk)} prompts "
+                               f"x {num_samples} samples")
+        flat = [(p, i, *_as_completion(c)) for p, cs in zip(chunk, outs) for i, c in enumerate(cs)]
+        grades = grade_many_fn([f[2] for f in flat], [f[0].answer for f in flat], [f[0].dataset for f in flat])
+        new: list[dict[str, Any]] = []
+        for (p, i, text, num_tokens, finish), g in zip(flat, grades):
+            record = {
+                "id": p.id, "sample_index": i, "prompt": prompts[p.id], "response": text,
+                "extracted": g.extracted, "correct": bool(g.correct), "reason": g.reason,
+                "gold": p.answer, "dataset": p.dataset, "num_tokens": num_tokens, "finish_reason": finish,
+            }
+            for key in ("subject", "level"):
+                if key in p.metadata:
+                    record[key] = p.metadata[key]
+            new.append(record)
+            num_tokens_here += num_tokens
+        if path is not None:
+            _append(path, new)
+        for r in new:
+            done.setdefault(r["id"], []).append(r)
+        num_done_here += len(chunk)
+        elapsed = time.monotonic() - t0
+        rate = num_done_here / elapsed if elapsed > 0 else 0.0
+        left = len(todo) - num_done_here
+        total_done = len(problems) - left
+        eta = _fmt_seconds(left / rate) if rate > 0 else "?"
+        log(f"[eval] {total_done}/{len(problems)} problems ({100 * total_done / len(problems):.0f}%) | "
+            f"{rate:.2f} problems/s, {num_tokens_here / max(elapsed, 1e-9):.0f} tokens/s | "
+            f"elapsed {_fmt_seconds(elapsed)}, ETA {eta}")
+
+    records = [r for p in problems for r in sorted(done[p.id], key=lambda r: r["sample_index"])]
+    summary = summarize([sorted(done[p.id], key=lambda r: r["sample_index"]) for p in problems], ks=ks, seed=seed)
+    summary["settings"] = {
+        "template": template.record(),
+        "num_samples": num_samples, "temperature": temperature, "top_p": top_p if temperature > 0 else 1.0,
+        "max_new_tokens": max_new_tokens, "seed": seed,
+    }
+    summary["timing"] = {
+        "num_problems_generated": num_done_here, "num_problems_resumed": len(problems) - len(todo),
+        "generate_and_grade_seconds": time.monotonic() - t0, "num_tokens_generated": num_tokens_here,
+    }
+    return EvalResult(summary=summary, records=records)
+
+
+def _load_done(path: Path, prompts: dict[str, str], num_samples: int) -> dict[str, list[dict[str, Any]]]:
+    """Complete problems (all ``num_samples`` samples present) from an earlier run's samples file."""
+    by_id: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in read_samples(path):
+        pid = r.get("id")
+        if pid not in prompts:
+            continue  # a problem outside this subset: keep nothing of it
+        if r.get("prompt") != prompts[pid]:
+            raise ResumeError(f"{path}: problem {pid!r} was generated with a different prompt; "
+                              "use another output directory (or resume=false to start over)")
+        if r["sample_index"] >= num_samples:
+            raise ResumeError(f"{path}: has sample_index {r['sample_index']} but num_samples={num_samples}; "
+                              "use another output directory (or resume=false to start over)")
+        by_id.setdefault(pid, {})[r["sample_index"]] = r
+    return {pid: [s[i] for i in range(num_samples)] for pid, s in by_id.items() if len(s) == num_samples}
