@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import dataclass
 from typing import Sequence
@@ -89,7 +88,11 @@ def grade_many(
     timeout_s: float = 5.0,
     num_workers: int | None = None,
 ) -> list[GradeResult]:
-    """Grades a batch; results are in input order. Items needing sympy go to a process pool."""
+    """Grades a batch; results are in input order.
+
+    Items the in-process fast path cannot decide go to the shared pool of worker processes,
+    which grows to at least num_workers (default: CPU count, at most 8) while the batch runs.
+    """
     if len(responses) != len(golds):
         raise ValueError(f"{len(responses)} responses but {len(golds)} golds")
     if isinstance(datasets, str):
@@ -123,7 +126,9 @@ def grade_many(
     if slow:
         from eval.grading.pool import run
 
-        outcomes = run(slow_items, timeout_s, num_workers or os.cpu_count() or 1)
+        from eval.grading.pool import DEFAULT_MAX_WORKERS
+
+        outcomes = run(slow_items, timeout_s, num_workers or DEFAULT_MAX_WORKERS)
         for k, (extracted, _), (correct, reason) in zip(slow, slow_items, outcomes):
             results[k] = GradeResult(correct, extracted, reason)
     return results  # type: ignore[return-value]
@@ -131,9 +136,9 @@ def grade_many(
 
 def warm_up(num_workers: int | None = None) -> None:
     """Starts grader workers now, so that the first graded batch does not wait for them."""
-    from eval.grading.pool import POOL
+    from eval.grading.pool import DEFAULT_MAX_WORKERS, dispatcher
 
-    POOL.warm_up(num_workers or os.cpu_count() or 1)
+    dispatcher().warm_up(num_workers or DEFAULT_MAX_WORKERS)
 
 
 def _main(argv: Sequence[str] | None = None) -> int:

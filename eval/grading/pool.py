@@ -1,10 +1,10 @@
-"""A small persistent pool of grader worker processes with hard per-item timeouts.
+"""A persistent pool of grader worker processes, shared by all threads, with hard per-item timeouts.
 
-Timeouts are enforced by killing the worker process: sympy can spend unbounded time inside C
-code or a single Python call, and signal.alarm only works in a process's main thread. The pool
-is shared by every thread of the calling process; a caller never waits for another caller's
-workers (it starts its own), and idle workers are kept for the next call because starting one
-costs about a second (importing sympy and the LaTeX grammar).
+Timeouts are enforced by killing the worker process: sympy can spend unbounded time inside one
+Python call, and signal.alarm only works in a process's main thread. One dispatcher thread owns
+the workers; callers (any thread: Ray actors, thread pools) queue items and wait for their
+results, first come first served. Workers are started on demand up to a cap and kept, because
+starting one costs about a second (importing sympy and the LaTeX grammar).
 """
 from __future__ import annotations
 
@@ -23,11 +23,13 @@ from pathlib import Path
 _ROOT = str(Path(__file__).resolve().parents[2])
 _BOOT = f"import sys; sys.path.insert(0, {_ROOT!r}); from eval.grading.worker import main; main()"
 
-# Cold start on a loaded 2-core machine; not part of any item's timeout.
+# Cold start on a loaded machine; not part of any item's timeout.
 STARTUP_TIMEOUT_S = 60.0
-# Items queued per worker: hides the pipe round trip without delaying a timeout's detection.
-PIPELINE_DEPTH = 4
+# Items queued per worker: hides the pipe round trip; those behind a timed-out item are requeued.
+PIPELINE_DEPTH = 2
 MAX_STARTUP_FAILURES = 3
+# Workers cost ~150 MB each; most items never reach them (the fast path decides in-process).
+DEFAULT_MAX_WORKERS = max(1, min(os.cpu_count() or 1, 8))
 
 
 class _Worker:
@@ -43,15 +45,17 @@ class _Worker:
         self.buffer = b""
         self.ready = False
         self.started_at = time.monotonic()
-        self.inflight: collections.deque[int] = collections.deque()
+        self.inflight: collections.deque[_Task] = collections.deque()
         self.head_since = 0.0
 
-    def send(self, payload: dict) -> bool:
+    def send(self, task: _Task) -> bool:
+        answer, gold = task.batch.items[task.index]
+        line = json.dumps({"id": task.index, "answer": answer, "gold": gold}) + "\n"
         try:
-            self.proc.stdin.write((json.dumps(payload) + "\n").encode())
+            self.proc.stdin.write(line.encode())
             self.proc.stdin.flush()
             return True
-        except (BrokenPipeError, OSError, ValueError):
+        except (OSError, ValueError):
             return False
 
     def read_lines(self) -> list[bytes] | None:
@@ -65,9 +69,6 @@ class _Worker:
         self.buffer += chunk
         *lines, self.buffer = self.buffer.split(b"\n")
         return lines
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
 
     def kill(self) -> None:
         try:
@@ -85,147 +86,223 @@ class _Worker:
             pass
 
 
-class WorkerPool:
+class _Batch:
+    def __init__(self, items: list[tuple[str, str]], timeout_s: float, num_workers: int):
+        self.items = items
+        self.timeout_s = timeout_s
+        self.num_workers = num_workers
+        self.results: list[tuple[bool, str] | None] = [None] * len(items)
+        self.num_left = len(items)
+        self.done = threading.Event()
+
+
+class _Task:
+    __slots__ = ("batch", "index")
+
+    def __init__(self, batch: _Batch, index: int):
+        self.batch = batch
+        self.index = index
+
+
+class Dispatcher:
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._idle: list[_Worker] = []
-        self._owner_pid = os.getpid()
-        self.max_idle = max(2, os.cpu_count() or 2)
+        self._queue: collections.deque[_Task] = collections.deque()
+        self._batches: set[_Batch] = set()
+        self._workers: list[_Worker] = []
+        self._num_startup_failures = 0
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="grader-dispatch", daemon=True)
+        self._thread.start()
 
-    def _check_fork(self) -> None:
-        # After a fork the idle workers belong to the parent; never share their pipes.
-        if os.getpid() != self._owner_pid:
-            self._idle = []
-            self._owner_pid = os.getpid()
-            self._lock = threading.Lock()
+    # -- caller side ---------------------------------------------------------------------------
 
-    def acquire(self, num: int) -> list[_Worker]:
-        self._check_fork()
+    def run(self, items: list[tuple[str, str]], timeout_s: float, num_workers: int) -> list[tuple[bool, str]]:
+        if not items:
+            return []
+        batch = _Batch(items, timeout_s, num_workers)
         with self._lock:
-            taken = []
-            while self._idle and len(taken) < num:
-                worker = self._idle.pop()
-                if worker.alive():
-                    taken.append(worker)
-                else:
-                    worker.kill()
-        while len(taken) < num:
-            taken.append(_Worker())
-        return taken
-
-    def release(self, workers: list[_Worker]) -> None:
-        self._check_fork()
-        surplus = []
-        with self._lock:
-            for worker in workers:
-                if worker.alive() and not worker.inflight and len(self._idle) < self.max_idle:
-                    worker.buffer = b""
-                    self._idle.append(worker)
-                else:
-                    surplus.append(worker)
-        for worker in surplus:
-            worker.kill()
+            self._batches.add(batch)
+            self._queue.extend(_Task(batch, k) for k in range(len(items)))
+        self._wake()
+        while not batch.done.wait(0.5):
+            if not self._thread.is_alive():
+                break
+        return [r if r is not None else (False, "error") for r in batch.results]
 
     def warm_up(self, num: int) -> None:
-        self.release(self.acquire(num))
+        with self._lock:
+            while len(self._workers) < num:
+                self._workers.append(_Worker())
+        self._wake()
 
     def close(self) -> None:
+        self._closed = True
+        self._wake()
         with self._lock:
-            idle, self._idle = self._idle, []
-        for worker in idle:
+            workers, self._workers = self._workers, []
+        for worker in workers:
             worker.kill()
 
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
 
-POOL = WorkerPool()
-atexit.register(POOL.close)
+    # -- dispatcher thread ---------------------------------------------------------------------
+
+    def _finish(self, task: _Task, result: tuple[bool, str]) -> None:
+        batch = task.batch
+        if batch.results[task.index] is not None:
+            return
+        batch.results[task.index] = result
+        batch.num_left -= 1
+        if batch.num_left == 0:
+            with self._lock:
+                self._batches.discard(batch)
+            batch.done.set()
+
+    def _replace(self, worker: _Worker, startup_failed: bool) -> None:
+        worker.kill()
+        with self._lock:
+            # Items queued behind the lost one never started: they go back to the front.
+            self._queue.extendleft(reversed(worker.inflight))
+            if worker in self._workers:
+                self._workers.remove(worker)
+        worker.inflight.clear()
+        if startup_failed:
+            self._num_startup_failures += 1
+
+    def _loop(self) -> None:
+        while not self._closed:
+            try:
+                self._step()
+            except Exception:
+                # The dispatcher must outlive any surprise; callers still get answers.
+                time.sleep(0.05)
+
+    def _step(self) -> None:
+        with self._lock:
+            cap = max([DEFAULT_MAX_WORKERS] + [b.num_workers for b in self._batches])
+            demand = len(self._queue) + sum(len(w.inflight) for w in self._workers)
+            if self._num_startup_failures >= MAX_STARTUP_FAILURES and not any(w.ready for w in self._workers):
+                failed, self._queue = list(self._queue), collections.deque()
+                self._num_startup_failures = 0
+            else:
+                failed = []
+                while len(self._workers) < min(cap, demand):
+                    self._workers.append(_Worker())
+            # Extra workers started for a large num_workers request go once they are idle.
+            surplus = []
+            if not self._queue:
+                for worker in list(self._workers):
+                    if len(self._workers) <= cap:
+                        break
+                    if worker.ready and not worker.inflight:
+                        self._workers.remove(worker)
+                        surplus.append(worker)
+            workers = list(self._workers)
+        for worker in surplus:
+            worker.kill()
+        for task in failed:
+            self._finish(task, (False, "error"))
+
+        now = time.monotonic()
+        for worker in workers:
+            while worker.ready and len(worker.inflight) < PIPELINE_DEPTH:
+                with self._lock:
+                    if not self._queue:
+                        break
+                    task = self._queue.popleft()
+                if not worker.send(task):
+                    with self._lock:
+                        self._queue.appendleft(task)
+                    break
+                if not worker.inflight:
+                    worker.head_since = now
+                worker.inflight.append(task)
+
+        deadlines = []
+        for worker in workers:
+            if not worker.ready:
+                deadlines.append(worker.started_at + STARTUP_TIMEOUT_S)
+            elif worker.inflight:
+                deadlines.append(worker.head_since + worker.inflight[0].batch.timeout_s)
+        wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 5.0
+        fds = [self._wake_r] + [w.fd for w in workers]
+        readable, _, _ = select.select(fds, [], [], wait)
+        if self._wake_r in readable:
+            try:
+                while os.read(self._wake_r, 4096):
+                    pass
+            except OSError:
+                pass
+
+        now = time.monotonic()
+        for worker in workers:
+            if worker.fd not in readable:
+                continue
+            lines = worker.read_lines()
+            if lines is None:
+                # The worker died (a crash, or the memory limit): its current item is an error.
+                if worker.inflight:
+                    self._finish(worker.inflight.popleft(), (False, "error"))
+                self._replace(worker, startup_failed=not worker.ready)
+                continue
+            for line in lines:
+                try:
+                    reply = json.loads(line)
+                except ValueError:
+                    continue
+                if reply.get("ready"):
+                    worker.ready = True
+                    self._num_startup_failures = 0
+                elif worker.inflight and reply.get("id") == worker.inflight[0].index:
+                    task = worker.inflight.popleft()
+                    self._finish(task, (bool(reply.get("correct")), str(reply.get("reason", "error"))))
+                    worker.head_since = now
+
+        now = time.monotonic()
+        for worker in workers:
+            if worker.proc.returncode is not None or worker not in self._workers:
+                continue
+            if not worker.ready and now - worker.started_at > STARTUP_TIMEOUT_S:
+                self._replace(worker, startup_failed=True)
+            elif worker.ready and worker.inflight and now - worker.head_since > worker.inflight[0].batch.timeout_s:
+                self._finish(worker.inflight.popleft(), (False, "timeout"))
+                self._replace(worker, startup_failed=False)
+
+
+_dispatcher: Dispatcher | None = None
+_dispatcher_pid = -1
+_dispatcher_lock = threading.Lock()
+
+
+def dispatcher() -> Dispatcher:
+    """The process's dispatcher; a forked child gets its own (the parent's workers stay the parent's)."""
+    global _dispatcher, _dispatcher_pid, _dispatcher_lock
+    if _dispatcher_pid != os.getpid():
+        _dispatcher_lock = threading.Lock()
+        _dispatcher = None
+        _dispatcher_pid = os.getpid()
+    with _dispatcher_lock:
+        if _dispatcher is None:
+            _dispatcher = Dispatcher()
+        return _dispatcher
 
 
 def run(items: list[tuple[str, str]], timeout_s: float, num_workers: int) -> list[tuple[bool, str]]:
     """(correct, reason) for each (answer, gold), in order. Never raises for item content."""
-    num_items = len(items)
-    results: list[tuple[bool, str] | None] = [None] * num_items
-    if num_items == 0:
-        return []
-    pending = collections.deque(range(num_items))
-    workers = POOL.acquire(max(1, min(num_workers, num_items)))
-    num_startup_failures = 0
-    num_done = 0
+    return dispatcher().run(items, timeout_s, num_workers)
 
-    def replace(worker: _Worker) -> None:
-        nonlocal num_startup_failures
-        worker.kill()
-        # Items queued behind the lost one never started; they go back to the queue.
-        pending.extendleft(reversed(worker.inflight))
-        worker.inflight.clear()
-        workers.remove(worker)
-        if num_startup_failures < MAX_STARTUP_FAILURES:
-            workers.append(_Worker())
 
-    try:
-        while num_done < num_items:
-            if not workers:
-                for k in pending:
-                    results[k] = (False, "error")
-                pending.clear()
-                break
-            now = time.monotonic()
-            for worker in workers:
-                while worker.ready and pending and len(worker.inflight) < PIPELINE_DEPTH:
-                    k = pending.popleft()
-                    answer, gold = items[k]
-                    if not worker.send({"id": k, "answer": answer, "gold": gold}):
-                        pending.appendleft(k)
-                        break
-                    if not worker.inflight:
-                        worker.head_since = now
-                    worker.inflight.append(k)
+def _close_at_exit() -> None:
+    if _dispatcher is not None and _dispatcher_pid == os.getpid():
+        _dispatcher.close()
 
-            deadlines = []
-            for worker in workers:
-                if not worker.ready:
-                    deadlines.append(worker.started_at + STARTUP_TIMEOUT_S)
-                elif worker.inflight:
-                    deadlines.append(worker.head_since + timeout_s)
-            wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 0.05
-            readable, _, _ = select.select([w.fd for w in workers], [], [], wait)
 
-            now = time.monotonic()
-            for worker in [w for w in workers if w.fd in readable]:
-                lines = worker.read_lines()
-                if lines is None:
-                    if worker.inflight:
-                        results[worker.inflight.popleft()] = (False, "error")
-                        num_done += 1
-                    if not worker.ready:
-                        num_startup_failures += 1
-                    replace(worker)
-                    continue
-                for line in lines:
-                    try:
-                        reply = json.loads(line)
-                    except ValueError:
-                        continue
-                    if reply.get("ready"):
-                        worker.ready = True
-                        continue
-                    if worker.inflight and reply.get("id") == worker.inflight[0]:
-                        k = worker.inflight.popleft()
-                        results[k] = (bool(reply.get("correct")), str(reply.get("reason", "error")))
-                        num_done += 1
-                        worker.head_since = now
-
-            now = time.monotonic()
-            for worker in list(workers):
-                if not worker.ready and now - worker.started_at > STARTUP_TIMEOUT_S:
-                    num_startup_failures += 1
-                    replace(worker)
-                elif worker.ready and worker.inflight and now - worker.head_since > timeout_s:
-                    results[worker.inflight.popleft()] = (False, "timeout")
-                    num_done += 1
-                    replace(worker)
-    finally:
-        for worker in workers:
-            if worker.inflight:
-                worker.kill()
-        POOL.release(workers)
-    return [r if r is not None else (False, "error") for r in results]
+atexit.register(_close_at_exit)
