@@ -195,7 +195,7 @@ def evaluate(
         new: list[dict[str, Any]] = []
         for (p, i, text, num_tokens, finish), g in zip(flat, grades):
             record = {
-                "id": p.id, "sample_index": i, "prompt": prompts[p.id], "response": text,
+                "id": p.id, "sample_index": i, "question": p.question, "prompt": prompts[p.id], "response": text,
                 "extracted": g.extracted, "correct": bool(g.correct), "reason": g.reason,
                 "gold": p.answer, "dataset": p.dataset, "num_tokens": num_tokens, "finish_reason": finish,
             }
