@@ -147,3 +147,12 @@ def test_wilson_coverage_is_close_to_95_percent():
         lo, hi = wilson_interval(k, 50)
         hits += lo <= 0.3 <= hi
     assert 0.92 < hits / 2000 < 0.98
+
+
+@pytest.mark.parametrize("module", ["eval.metrics", "eval.best_of_n"])
+def test_docstring_examples(module):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(module))
+    assert result.failed == 0 and result.attempted > 0
