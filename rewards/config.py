@@ -1,8 +1,20 @@
-"""Typed reward config: the `reward/` config group composes onto this schema."""
+"""Typed reward config: the `reward/` config group composes onto this schema.
+
+The reward of one response (reward paper, section 1; DESIGN.md section 4), before the trainer adds
+the per-token KL term:
+
+- success:  Correct(q, s) in {0, 1} on the final token (the shared grader, eval.grade);
+- orm:      success + alpha * ORM(q, s) on the final token;
+- prm:      success + alpha * r_k on the last token of every step k, r = refinement(c_1..c_K).
+
+Bad values fail here, when the config is composed, with the key named. A reward model that cannot
+be found fails when the reward function is built (`rewards.build.build_reward_fn`), before any rollout.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Optional
 
 
 class RewardKind(Enum):
@@ -25,10 +37,52 @@ class Refinement(Enum):
     """Clip, then Delta on the clipped scores."""
 
 
+class Readout(Enum):
+    """How a reward model's scores in [0, 1] are read from its outputs."""
+
+    auto = "auto"
+    """From the model dir's realm_rm.json (written by rewards.train_rm), else from its architecture."""
+    value_head = "value_head"
+    """A token-classification head (num_labels 1: sigmoid; 2: softmax[1]) read at each step's last token."""
+    step_tag = "step_tag"
+    """A causal LM, Math-Shepherd style: P(good) / (P(good) + P(bad)) at the step-tag token after each step."""
+    seq_cls = "seq_cls"
+    """A sequence-classification head at the last token (sigmoid): ORM only."""
+
+
+BUILTIN_REWARD_MODELS = ("builtin:synthetic-prm", "builtin:synthetic-orm")
+
+
 @dataclass
 class RewardModelConfig:
     path: str = ""
-    """HF directory of the reward model, or `builtin:synthetic-prm` / `builtin:synthetic-orm`."""
+    """HF directory of the reward model, a hub id, or `builtin:synthetic-prm` / `builtin:synthetic-orm`
+    (trained on the synthetic task on first use, from the tiny model, and cached; see rewards.train_rm)."""
+    readout: Readout = Readout.auto
+    question_template: Optional[str] = None
+    """Text before the response in the RM input; `{question}` is replaced. None: the model dir's
+    realm_rm.json, else "{question}\\n\\n". Math-Shepherd checkpoints want "{question} "."""
+    step_tag: Optional[str] = None
+    """step_tag readout: the tag appended to each step's text, e.g. " ки" (Math-Shepherd). None: from
+    realm_rm.json, else none (value_head) or " ки" (step_tag)."""
+    good_token: Optional[str] = None
+    """step_tag readout: the 'good step' token (default "+"); must be one token."""
+    bad_token: Optional[str] = None
+    """step_tag readout: the 'bad step' token (default "-"); must be one token."""
+    batch_size: int = 16
+    """Responses per reward-model forward pass."""
+    max_length: int = 0
+    """Longest RM input in tokens (0: the model's max_position_embeddings); longer inputs keep their end."""
+    dtype: str = "float32"
+    """float32, bfloat16 or float16 (GPU)."""
+
+    def __post_init__(self) -> None:
+        if self.path.startswith("builtin:") and self.path not in BUILTIN_REWARD_MODELS:
+            raise ValueError(f"reward.model.path={self.path!r}: unknown built-in; expected one of {BUILTIN_REWARD_MODELS}")
+        if self.batch_size < 1:
+            raise ValueError(f"reward.model.batch_size={self.batch_size}: must be >= 1")
+        if self.dtype not in ("float32", "bfloat16", "float16"):
+            raise ValueError(f"reward.model.dtype={self.dtype!r}: expected float32, bfloat16 or float16")
 
 
 @dataclass
@@ -38,8 +92,15 @@ class RewardConfig:
     alpha: float = 1.0
     """Weight of the learned reward relative to the success reward (weight 1)."""
     eta: float = 0.5
-    """Clip threshold in [0, 1]."""
+    """Clip threshold in [0, 1]: under Clip a step scoring c_k >= eta gets 0, a lower one c_k - eta < 0."""
+    eta_zero_fraction: Optional[float] = None
+    """If set (clip / clip_delta only), eta is recalibrated on the first reward call (the initial
+    rollouts): eta = the (1 - eta_zero_fraction) quantile of their raw step scores, so that this
+    fraction of steps gets zero reward under Clip (rewards.eta). The reward paper suggests most steps
+    get 0, e.g. 0.8. The chosen eta is reported in RewardBatch.metrics["reward/eta"]."""
     step_delimiter: str = "\n\n"
+    """Where the policy's response is cut into steps. Must match how the PRM was trained (checked
+    against realm_rm.json when the model has one)."""
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
 
     def __post_init__(self) -> None:
@@ -49,3 +110,17 @@ class RewardConfig:
             raise ValueError(f"reward.kind={self.kind.value} needs reward.model.path (an HF dir or builtin:...)")
         if self.kind != RewardKind.prm and self.refinement != Refinement.none:
             raise ValueError(f"reward.refinement={self.refinement.value} only applies to reward.kind=prm")
+        if not self.step_delimiter:
+            raise ValueError("reward.step_delimiter must be a non-empty string")
+        if self.eta_zero_fraction is not None:
+            if not 0.0 <= self.eta_zero_fraction <= 1.0:
+                raise ValueError(f"reward.eta_zero_fraction={self.eta_zero_fraction}: must lie in [0, 1]")
+            if self.refinement not in (Refinement.clip, Refinement.clip_delta):
+                raise ValueError(
+                    f"reward.eta_zero_fraction is set but reward.refinement={self.refinement.value} has no eta "
+                    "(use clip or clip_delta)"
+                )
+        if self.kind == RewardKind.orm and self.model.readout == Readout.step_tag:
+            raise ValueError("reward.model.readout=step_tag gives per-step scores; reward.kind=orm needs seq_cls or value_head")
+        if self.kind == RewardKind.prm and self.model.readout == Readout.seq_cls:
+            raise ValueError("reward.model.readout=seq_cls gives one score per response; reward.kind=prm needs value_head or step_tag")

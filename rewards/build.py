@@ -1,0 +1,201 @@
+"""The reward function the trainer calls: responses in, a [B, T] token-level reward tensor out.
+
+For response b with T_b tokens and steps 1..K_b ending on tokens e_1 <= ... <= e_K = T_b - 1:
+
+    token_rewards[b, T_b - 1]  += Correct(q, s)                      (every kind)
+    token_rewards[b, T_b - 1]  += alpha * ORM(q, s)                  (kind orm)
+    token_rewards[b, e_k]      += alpha * r_k,  r = refine(c_1..c_K)  (kind prm)
+
+The trainer adds -beta * (log pi - log pi_ref) on every token and runs GAE (gamma = 1 in the paper).
+Success is always graded by eval.grade, so the training reward and the evaluation metric agree.
+Steps are always counted, whatever the kind, because step inflation is how PRM hacking shows.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Protocol, Sequence
+
+import torch
+
+from rewards.config import BUILTIN_REWARD_MODELS, Refinement, RewardConfig, RewardKind
+from rewards.eta import eta_for_zero_fraction, zero_fraction
+from rewards.models import RewardModel, RewardModelError, load_reward_model
+from rewards.refine import refine_batched
+from rewards.segment import SegmentedResponse, Step, segment_response
+from rewards.types import RewardBatch, RewardFn, RewardSample
+
+__all__ = ["RewardBatch", "RewardFn", "RewardSample", "ShapedReward", "build_reward_fn", "place_token_rewards",
+           "resolve_reward_model"]
+
+
+class GradeFn(Protocol):
+    """eval.grade.grade_many's shape: one result with .correct and .extracted per response."""
+
+    def __call__(self, responses: list[str], golds: list[str], datasets: list[str]) -> list[Any]: ...
+
+
+class StepScorer(Protocol):
+    """A PRM: c_k in [0, 1] for every step of every response."""
+
+    def score_steps(self, questions: Sequence[str], steps: Sequence[Sequence[Step]]) -> list[list[float]]: ...
+
+
+class OutcomeScorer(Protocol):
+    """An ORM: one score in [0, 1] per response."""
+
+    def score_outcomes(self, questions: Sequence[str], responses: Sequence[str]) -> list[float]: ...
+
+
+def place_token_rewards(
+    lengths: torch.Tensor,
+    final_rewards: torch.Tensor,
+    step_rewards: torch.Tensor,
+    step_end_index: torch.Tensor,
+    step_mask: torch.Tensor,
+    num_tokens: int,
+) -> torch.Tensor:
+    """The [B, T] token-level reward tensor.
+
+    lengths [B] long: response lengths T_b (0 allowed: that row stays 0).
+    final_rewards [B]: added on token T_b - 1 (success, plus alpha * ORM).
+    step_rewards [B, S]: added on token step_end_index[b, k] where step_mask[b, k]; steps that end on
+        the same token add up there.
+    Returns [B, num_tokens] float32, 0 past each response.
+    """
+    batch = lengths.shape[0]
+    rewards = torch.zeros(batch, num_tokens, dtype=torch.float32)
+    if num_tokens == 0:
+        return rewards
+    rewards.scatter_add_(1, step_end_index.long() * step_mask, (step_rewards * step_mask).float())
+    has_tokens = lengths > 0
+    rows = torch.arange(batch)[has_tokens]
+    rewards[rows, lengths[has_tokens] - 1] += final_rewards[has_tokens].float()
+    return rewards
+
+
+def _default_grade(responses: list[str], golds: list[str], datasets: list[str]) -> list[Any]:
+    from eval.grade import grade_many
+
+    return grade_many(responses, golds, datasets=datasets)
+
+
+class ShapedReward:
+    """RewardFn: success + alpha * (ORM on the final token | refined PRM step rewards on step-end tokens).
+
+    The pieces are passed in (composition): a grader, a reward model (or None for success only) and
+    the policy tokenizer that segments responses. Tests pass stand-ins with known scores.
+    """
+
+    def __init__(self, cfg: RewardConfig, policy_tokenizer, reward_model: StepScorer | OutcomeScorer | None = None,
+                 grade_fn: GradeFn | Callable[..., list[Any]] | None = None):
+        if cfg.kind != RewardKind.success and reward_model is None:
+            raise RewardModelError(f"reward.kind={cfg.kind.value} needs a reward model")
+        self.cfg = cfg
+        self.tokenizer = policy_tokenizer
+        self.reward_model = reward_model
+        self.grade_fn = grade_fn or _default_grade
+        self.eta = cfg.eta
+        self._calibrate_eta = cfg.eta_zero_fraction is not None
+
+    def set_eta(self, eta: float) -> None:
+        """Fix the Clip threshold (turns off calibration on the first call)."""
+        if not 0.0 <= eta <= 1.0:
+            raise ValueError(f"eta={eta}: must lie in [0, 1]")
+        self.eta, self._calibrate_eta = eta, False
+
+    def __call__(self, samples: Sequence[RewardSample]) -> RewardBatch:
+        cfg = self.cfg
+        batch = len(samples)
+        lengths = torch.tensor([len(s.response_token_ids) for s in samples], dtype=torch.long)
+        num_tokens = int(lengths.max()) if batch else 0
+        graded = self.grade_fn([s.response_text for s in samples], [s.gold for s in samples], [s.dataset for s in samples])
+        success = torch.tensor([float(g.correct) for g in graded], dtype=torch.float32)
+        segments = [segment_response(s.response_token_ids, self.tokenizer, cfg.step_delimiter) for s in samples]
+        num_steps = torch.tensor([seg.num_steps for seg in segments], dtype=torch.long)
+        max_steps = int(num_steps.max()) if batch else 0
+        step_end_index = torch.zeros(batch, max_steps, dtype=torch.long)
+        step_mask = torch.zeros(batch, max_steps, dtype=torch.bool)
+        for b, seg in enumerate(segments):
+            step_end_index[b, : seg.num_steps] = torch.tensor(seg.end_token_index, dtype=torch.long)
+            step_mask[b, : seg.num_steps] = True
+        step_rewards = torch.zeros(batch, max_steps)
+        learned = torch.zeros(batch)
+        step_scores: list[list[float]] = [[] for _ in samples]
+        metrics: dict[str, float] = {}
+
+        if cfg.kind == RewardKind.orm:
+            scores = torch.tensor(self.reward_model.score_outcomes([s.question for s in samples], [seg.text for seg in segments]))
+            learned = cfg.alpha * scores * (lengths > 0)
+            metrics["reward/orm_score"] = float(scores.mean()) if batch else 0.0
+        elif cfg.kind == RewardKind.prm:
+            step_scores = self._score_steps(samples, segments)
+            scores = torch.zeros(batch, max_steps)
+            for b, c in enumerate(step_scores):
+                scores[b, : len(c)] = torch.tensor(c)
+            if self._calibrate_eta:
+                self.eta = eta_for_zero_fraction(step_scores, cfg.eta_zero_fraction)
+                self._calibrate_eta = False
+            step_rewards = cfg.alpha * refine_batched(scores, step_mask, cfg.refinement, self.eta)
+            learned = step_rewards.sum(dim=1)
+            if step_mask.any():
+                metrics["reward/step_score"] = float(scores[step_mask].mean())
+                metrics["reward/zero_clip_fraction"] = zero_fraction(step_scores, self.eta)
+            if cfg.refinement in (Refinement.clip, Refinement.clip_delta):
+                metrics["reward/eta"] = self.eta
+
+        token_rewards = place_token_rewards(lengths, success + learned * (cfg.kind == RewardKind.orm), step_rewards,
+                                            step_end_index, step_mask, num_tokens)
+        if batch:
+            metrics.update({"reward/success": float(success.mean()), "reward/learned": float(learned.mean()),
+                            "reward/num_steps": float(num_steps.float().mean()),
+                            "reward/response_tokens": float(lengths.float().mean())})
+        return RewardBatch(token_rewards=token_rewards, success=success, learned=learned, step_scores=step_scores,
+                           num_steps=num_steps, extracted=[g.extracted for g in graded], metrics=metrics)
+
+    def _score_steps(self, samples: Sequence[RewardSample], segments: Sequence[SegmentedResponse]) -> list[list[float]]:
+        """c_k for every response with at least one step (an empty response has none)."""
+        scored = [b for b, seg in enumerate(segments) if seg.num_steps]
+        out: list[list[float]] = [[] for _ in samples]
+        results = self.reward_model.score_steps([samples[b].question for b in scored], [segments[b].steps for b in scored])
+        for b, c in zip(scored, results):
+            if len(c) != segments[b].num_steps:
+                raise RewardModelError(f"reward model returned {len(c)} scores for {segments[b].num_steps} steps")
+            out[b] = c
+        return out
+
+
+def resolve_reward_model(path: str) -> Path:
+    """A local HF directory for reward.model.path: built-in (trained on first use), a directory, or a hub id."""
+    if path in BUILTIN_REWARD_MODELS:
+        from rewards.train_rm import ensure_builtin
+
+        return ensure_builtin(path)
+    local = Path(path).expanduser()
+    if local.is_dir():
+        if not (local / "config.json").exists():
+            raise RewardModelError(f"reward.model.path={path}: {local} has no config.json (not an HF model directory)")
+        return local
+    if local.exists() or path.startswith((".", "/", "~")):
+        raise RewardModelError(f"reward.model.path={path}: no such reward-model directory")
+    from models.config import ModelConfig, ModelSource
+    from models.registry import ModelNotAvailable, resolve_model_dir
+
+    try:
+        return resolve_model_dir(ModelConfig(name="reward-model", source=ModelSource.hf, path=path))
+    except ModelNotAvailable as e:
+        raise RewardModelError(f"reward.model.path={path}: {e}") from None
+
+
+def build_reward_fn(cfg: RewardConfig, policy_tokenizer, device: str = "cpu") -> RewardFn:
+    """Load what ``cfg`` needs (a missing or mismatched reward model fails here, before any rollout)."""
+    if cfg.kind == RewardKind.success:
+        return ShapedReward(cfg, policy_tokenizer)
+    model_dir = resolve_reward_model(cfg.model.path)
+    reward_model: RewardModel = load_reward_model(model_dir, cfg.model, cfg.kind, device)
+    trained_with = reward_model.info.get("step_delimiter")
+    if cfg.kind == RewardKind.prm and trained_with is not None and trained_with != cfg.step_delimiter:
+        raise RewardModelError(
+            f"the PRM in {model_dir} was trained on steps joined by {trained_with!r}, but reward.step_delimiter="
+            f"{cfg.step_delimiter!r} would cut the policy's responses differently; set reward.step_delimiter={trained_with!r}"
+        )
+    return ShapedReward(cfg, policy_tokenizer, reward_model)

@@ -1,0 +1,280 @@
+"""Reward models from HF checkpoints: load once, score batches of responses, scores in [0, 1].
+
+- PRM, value head: a token-classification model read at the last token of every step (sigmoid).
+- PRM, step tag (Math-Shepherd): a causal LM; a tag is appended after every step and the score is
+  P(good) / (P(good) + P(bad)) from the LM's logits at the tag's last token.
+- ORM: a sequence-classification head at the last token (sigmoid); a value head read at the last
+  token also works.
+
+The reward model may have its own tokenizer: it always gets the question and the response *text*
+(``rm_input``) and is tokenized here; step k's score is read at the RM token that completes step k's
+last character, so scores map back to the policy's step-end tokens by step index. A causal model
+reads every step of a response in one forward pass: the score at step k only sees the prefix.
+
+``realm_rm.json`` in a model dir (written by rewards.train_rm) says how it was trained: readout,
+question template, step delimiter, step tag, good/bad tokens, held-out accuracies.
+"""
+from __future__ import annotations
+
+import bisect
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, Sequence
+
+import torch
+
+from rewards.config import Readout, RewardKind, RewardModelConfig
+from rewards.segment import Step
+
+RM_INFO_FILE = "realm_rm.json"
+DEFAULT_QUESTION_TEMPLATE = "{question}\n\n"
+DEFAULT_STEP_TAG = " ки"
+
+
+class RewardModelError(ValueError):
+    """A reward model that cannot be loaded or does not fit the reward config; the message says why."""
+
+
+@dataclass(frozen=True)
+class RMFormat:
+    """How a question and its steps are written for the reward model (must match its training)."""
+
+    question_template: str = DEFAULT_QUESTION_TEMPLATE
+    step_tag: str = ""
+    """Appended after each step's content (before its delimiter) when non-empty; the score is read there."""
+
+
+def rm_input(fmt: RMFormat, question: str, steps: Sequence[Step]) -> tuple[str, list[int]]:
+    """The reward model's input text and, per step, the exclusive character offset to read at.
+
+    Without a tag, step k is read where its text (delimiter included) ends, the same point the policy's
+    reward for step k sits on; with a tag, right after the tag.
+    """
+    text = fmt.question_template.replace("{question}", question)
+    reads = []
+    for step in steps:
+        text += step.content
+        if fmt.step_tag:
+            text += fmt.step_tag
+            reads.append(len(text))
+            text += step.delimiter
+        else:
+            text += step.delimiter
+            reads.append(len(text))
+    return text, reads
+
+
+def encode_with_reads(tokenizer, text: str, read_chars: Sequence[int], max_length: int = 0) -> tuple[list[int], list[int]]:
+    """Token ids of ``text`` and, per read offset c, the index of the token that completes character c-1.
+
+    Inputs longer than ``max_length`` keep their last ``max_length`` tokens (the end of the response
+    is what is scored); a read that falls in the dropped part reads the first kept token.
+    """
+    enc = tokenizer(text, return_offsets_mapping=True)
+    ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
+    # Special tokens (BOS) have empty spans; a character split over byte tokens gives them all the same
+    # start, and the last of them is the one that completes it.
+    spans = [(i, start) for i, (start, end) in enumerate(offsets) if end > start]
+    starts = [start for _, start in spans]
+    reads = []
+    for c in read_chars:
+        j = bisect.bisect_left(starts, c) - 1
+        reads.append(spans[j][0] if j >= 0 else 0)
+    if max_length and len(ids) > max_length:
+        cut = len(ids) - max_length
+        ids = ids[cut:]
+        reads = [max(r - cut, 0) for r in reads]
+    return ids, reads
+
+
+def read_rm_info(model_dir: Path) -> dict[str, Any]:
+    path = Path(model_dir) / RM_INFO_FILE
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _infer_readout(model_dir: Path, info: dict[str, Any]) -> Readout:
+    if "readout" in info:
+        return Readout(info["readout"])
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    archs = " ".join(config.get("architectures") or [])
+    if "SequenceClassification" in archs:
+        return Readout.seq_cls
+    if "TokenClassification" in archs:
+        return Readout.value_head
+    if "CausalLM" in archs:
+        return Readout.step_tag
+    raise RewardModelError(f"{model_dir}: cannot tell the readout from architectures={archs!r}; set reward.model.readout")
+
+
+def _dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+
+
+class ScoreReader(Protocol):
+    """Model outputs -> log-odds of 'good' at given token positions; the score is sigmoid(log-odds).
+
+    Training (rewards.train_rm) puts binary cross-entropy on the same log-odds, so a model is trained
+    through exactly the code that reads it.
+    """
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """ids, mask [B, L]; rows, cols [N] positions to read -> [N] log-odds."""
+        ...
+
+
+def _log_odds(logits: torch.Tensor) -> torch.Tensor:
+    """[N, 1] -> the logit; [N, 2] -> l_1 - l_0, so sigmoid gives softmax(.)[:, 1] (class 1 = good).  -> [N]"""
+    logits = logits.float()
+    if logits.shape[-1] == 1:
+        return logits[:, 0]
+    if logits.shape[-1] == 2:
+        return logits[:, 1] - logits[:, 0]
+    raise RewardModelError(f"reward head has {logits.shape[-1]} labels; expected 1 (sigmoid) or 2 (softmax)")
+
+
+@dataclass
+class ValueHeadReader:
+    model: Any  # *ForTokenClassification
+
+    def __call__(self, input_ids, attention_mask, rows, cols):
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, L, num_labels]
+        return _log_odds(logits[rows, cols])
+
+
+@dataclass
+class StepTagReader:
+    model: Any  # *ForCausalLM
+    good_id: int
+    bad_id: int
+
+    def __call__(self, input_ids, attention_mask, rows, cols):
+        # Only two vocabulary rows are needed: skip the [B, L, vocab] logits (large for real vocabularies).
+        hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        head = self.model.get_output_embeddings()
+        pair = torch.tensor([self.bad_id, self.good_id], device=hidden.device)
+        logits = hidden[rows, cols] @ head.weight[pair].T  # [N, 2]: (bad, good)
+        if getattr(head, "bias", None) is not None:
+            logits = logits + head.bias[pair]
+        return _log_odds(logits)  # log P(good) - log P(bad)
+
+
+@dataclass
+class SequenceHeadReader:
+    model: Any  # *ForSequenceClassification: pools at the rightmost non-pad token itself
+
+    def __call__(self, input_ids, attention_mask, rows, cols):
+        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, num_labels]
+        return _log_odds(logits[rows])
+
+
+class RewardModel:
+    """A loaded reward model: text in, scores in [0, 1] out, batched by length."""
+
+    def __init__(self, model, tokenizer, reader: ScoreReader, fmt: RMFormat, readout: Readout, info: dict[str, Any],
+                 batch_size: int, max_length: int, device: str):
+        self.model, self.tokenizer, self.reader = model, tokenizer, reader
+        self.fmt, self.readout, self.info = fmt, readout, info
+        self.batch_size, self.max_length, self.device = batch_size, max_length, device
+        self.pad_id = model.config.pad_token_id
+
+    def score_steps(self, questions: Sequence[str], steps: Sequence[Sequence[Step]]) -> list[list[float]]:
+        """PRM: c_k for every step of every response.  B questions, B step lists -> B lists of K_b scores."""
+        encoded = [encode_with_reads(self.tokenizer, *rm_input(self.fmt, q, s), self.max_length) for q, s in zip(questions, steps)]
+        return self._score(encoded)
+
+    def score_outcomes(self, questions: Sequence[str], responses: Sequence[str]) -> list[float]:
+        """ORM: one score per response, read at the last token.  B -> B."""
+        encoded = []
+        for question, response in zip(questions, responses):
+            text, _ = rm_input(RMFormat(self.fmt.question_template), question, [Step(response, "")])
+            ids, _ = encode_with_reads(self.tokenizer, text, [], self.max_length)
+            encoded.append((ids, [len(ids) - 1]))
+        return [scores[0] for scores in self._score(encoded)]
+
+    @torch.inference_mode()
+    def _score(self, encoded: list[tuple[list[int], list[int]]]) -> list[list[float]]:
+        out: list[list[float]] = [[] for _ in encoded]
+        order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))  # similar lengths pad less
+        for first in range(0, len(order), self.batch_size):
+            chunk = order[first : first + self.batch_size]
+            width = max(len(encoded[i][0]) for i in chunk)
+            ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+            mask = torch.zeros((len(chunk), width), dtype=torch.long)
+            rows, cols = [], []
+            for b, i in enumerate(chunk):
+                tokens, reads = encoded[i]
+                ids[b, : len(tokens)] = torch.tensor(tokens)
+                mask[b, : len(tokens)] = 1
+                rows += [b] * len(reads)
+                cols += reads
+            if not rows:
+                continue
+            log_odds = self.reader(ids.to(self.device), mask.to(self.device), torch.tensor(rows, device=self.device),
+                                   torch.tensor(cols, device=self.device))
+            scores = torch.sigmoid(log_odds).tolist()
+            position = 0
+            for i in chunk:
+                count = len(encoded[i][1])
+                out[i] = scores[position : position + count]
+                position += count
+        return out
+
+
+def _single_token(tokenizer, text: str, what: str) -> int:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if len(ids) != 1:
+        raise RewardModelError(f"reward.model.{what}={text!r} is {len(ids)} tokens for this tokenizer; it must be one token")
+    return ids[0]
+
+
+def auto_model_class(readout: Readout):
+    """The transformers Auto class a readout needs."""
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification
+
+    return {Readout.value_head: AutoModelForTokenClassification, Readout.step_tag: AutoModelForCausalLM,
+            Readout.seq_cls: AutoModelForSequenceClassification}[readout]
+
+
+def make_reader(model, readout: Readout, tokenizer=None, good_token: str = "+", bad_token: str = "-") -> ScoreReader:
+    """The log-odds reader for a loaded model (shared by scoring and training)."""
+    if readout == Readout.step_tag:
+        return StepTagReader(model, _single_token(tokenizer, good_token, "good_token"), _single_token(tokenizer, bad_token, "bad_token"))
+    if readout == Readout.value_head:
+        return ValueHeadReader(model)
+    if readout == Readout.seq_cls:
+        return SequenceHeadReader(model)
+    raise RewardModelError(f"readout {readout} must be resolved before building a reader")
+
+
+def load_reward_model(model_dir: Path, cfg: RewardModelConfig, kind: RewardKind, device: str = "cpu") -> RewardModel:
+    """Load the reward model in ``model_dir`` for ``kind`` (orm or prm), with config overrides applied."""
+    from transformers import AutoTokenizer
+
+    model_dir = Path(model_dir)
+    info = read_rm_info(model_dir)
+    readout = cfg.readout if cfg.readout != Readout.auto else _infer_readout(model_dir, info)
+    if kind == RewardKind.prm and readout == Readout.seq_cls:
+        raise RewardModelError(f"{model_dir} is a sequence classifier (one score per response); reward.kind=prm needs "
+                               "per-step scores: use a value_head or step_tag model")
+    if kind == RewardKind.orm and readout == Readout.step_tag:
+        raise RewardModelError(f"{model_dir} is read with step tags (a PRM); reward.kind=orm needs seq_cls or value_head")
+    if "kind" in info and info["kind"] != kind.value:
+        raise RewardModelError(f"{model_dir} was trained as a {info['kind'].upper()} but reward.kind={kind.value}")
+
+    def pick(override, key, default):
+        return override if override is not None else info.get(key, default)
+
+    step_tag = pick(cfg.step_tag, "step_tag", DEFAULT_STEP_TAG if readout == Readout.step_tag else "")
+    if readout == Readout.step_tag and not step_tag:
+        raise RewardModelError("readout step_tag needs a non-empty reward.model.step_tag")
+    fmt = RMFormat(question_template=pick(cfg.question_template, "question_template", DEFAULT_QUESTION_TEMPLATE),
+                   step_tag=step_tag if kind == RewardKind.prm else "")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = auto_model_class(readout).from_pretrained(model_dir, dtype=_dtype(cfg.dtype)).to(device).eval()
+    if model.config.pad_token_id is None:  # needed to pad batches (and for seq_cls pooling)
+        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        model.config.pad_token_id = pad if pad is not None else 0
+    reader = make_reader(model, readout, tokenizer, pick(cfg.good_token, "good_token", "+"), pick(cfg.bad_token, "bad_token", "-"))
+    max_length = cfg.max_length or getattr(model.config, "max_position_embeddings", 0) or 0
+    return RewardModel(model, tokenizer, reader, fmt, readout, info, cfg.batch_size, max_length, device)

@@ -1,0 +1,411 @@
+"""Train an ORM or a PRM and save it as an HF directory the reward configs load.
+
+    python -m rewards.train_rm                      # PRM on the synthetic task -> the builtin:synthetic-prm cache entry
+    python -m rewards.train_rm kind=orm             # ORM on the synthetic task -> builtin:synthetic-orm
+    python -m rewards.train_rm data=prm.jsonl data_format=math_shepherd backbone.source=hf \\
+        backbone.path=/models/qwen2.5-math-1.5b readout=step_tag output_dir=/models/my-prm
+
+The saved directory holds the model (``*ForTokenClassification`` for a value-head PRM,
+``*ForCausalLM`` for a step-tag PRM, ``*ForSequenceClassification`` for an ORM), its tokenizer and
+``realm_rm.json``: the readout, the input format (question template, step delimiter, step tag) and the
+held-out step-label and final-label accuracies.
+
+Training uses the reward model's own reader (``rewards.models.make_reader``) on the same RM inputs
+(``rewards.models.rm_input``) as scoring does, so what is trained is what is read. The loss is binary
+cross-entropy on the log-odds at every step end (PRM) or at the last token (ORM).
+
+``builtin:synthetic-prm`` / ``builtin:synthetic-orm`` are this script with its defaults (kind set):
+trained on first use into ``models.registry.cache_root()/reward_models/``, atomically, keyed by a
+hash of the config.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import random
+import sys
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from models.config import ModelConfig
+from rewards.config import Readout, RewardKind
+from rewards.models import (DEFAULT_QUESTION_TEMPLATE, DEFAULT_STEP_TAG, RM_INFO_FILE, RMFormat, auto_model_class,
+                            encode_with_reads, make_reader, rm_input)
+from rewards.rm_data import RMExample, load_examples, synthetic_examples
+from rewards.segment import Step
+
+
+class RMKind(Enum):
+    prm = "prm"
+    orm = "orm"
+
+
+@dataclass
+class SyntheticRMData:
+    """RM training data from the synthetic task (eval.synthetic)."""
+
+    num_train_problems: int = 2000
+    num_heldout_problems: int = 200
+    difficulty: int = 2
+    """The default PPO run's difficulty (configs/data/synthetic.yaml)."""
+    num_corrupted: int = 2
+    """Corrupted solutions (one arithmetic slip, Math-Shepherd labels) per problem, besides the correct one."""
+    num_junk: int = 1
+    """Degenerate responses (cut off, no box, a step repeated) per problem, labelled naturally."""
+    seed: int = 1
+    """Problem stream; the default PPO held-out questions (eval.config.DataConfig) are excluded."""
+
+
+@dataclass
+class RMTrainConfig:
+    kind: RMKind = RMKind.prm
+    readout: Readout = Readout.auto
+    """auto: value_head for a PRM, seq_cls for an ORM. step_tag trains a causal LM's good/bad tokens."""
+    data: str = "synthetic"
+    """`synthetic`, or a .jsonl in realm / Math-Shepherd / PRM800K format (rewards.rm_data)."""
+    data_format: str = "auto"
+    heldout_data: str = ""
+    """A held-out .jsonl; empty: hold out `heldout_fraction` of `data` (synthetic: its own held-out problems)."""
+    heldout_fraction: float = 0.1
+    synthetic: SyntheticRMData = field(default_factory=SyntheticRMData)
+    backbone: ModelConfig = field(default_factory=ModelConfig)
+    """The model to start from (a causal LM); default: the tiny model, so the policy and RM share a tokenizer."""
+    question_template: str = DEFAULT_QUESTION_TEMPLATE
+    step_delimiter: str = "\n\n"
+    """Joins the steps in the RM input: the delimiter the policy's responses are cut at (reward.step_delimiter)."""
+    step_tag: str = DEFAULT_STEP_TAG
+    """step_tag readout only: appended after every step."""
+    good_token: str = "+"
+    bad_token: str = "-"
+    num_steps: int = 700
+    batch_size: int = 64
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    num_warmup_steps: int = 50
+    max_length: int = 512
+    seed: int = 0
+    log_every: int = 100
+    device: str = "cpu"
+    output_dir: str = ""
+    """Where to save; empty: the cache entry `builtin:synthetic-<kind>` resolves to (for synthetic data)."""
+
+    def __post_init__(self) -> None:
+        if self.kind == RMKind.orm and self.readout == Readout.step_tag:
+            raise ValueError("readout=step_tag is a PRM readout; an ORM uses seq_cls or value_head")
+        if self.kind == RMKind.prm and self.readout == Readout.seq_cls:
+            raise ValueError("readout=seq_cls gives one score per response; a PRM uses value_head or step_tag")
+        if not 0.0 < self.heldout_fraction < 1.0:
+            raise ValueError(f"heldout_fraction={self.heldout_fraction}: must lie in (0, 1)")
+        if self.num_steps < 1 or self.batch_size < 1:
+            raise ValueError("num_steps and batch_size must be >= 1")
+        if not self.output_dir and self.data != "synthetic":
+            raise ValueError("output_dir is required when training on a file")
+
+    @property
+    def resolved_readout(self) -> Readout:
+        if self.readout != Readout.auto:
+            return self.readout
+        return Readout.value_head if self.kind == RMKind.prm else Readout.seq_cls
+
+    @property
+    def fmt(self) -> RMFormat:
+        return RMFormat(self.question_template, self.step_tag if self.resolved_readout == Readout.step_tag else "")
+
+
+# Fields that do not change the trained model: left out of the cache key.
+_NOT_IN_KEY = ("output_dir", "device", "log_every")
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, Enum):
+        return x.value
+    if dataclasses.is_dataclass(x):
+        return {f.name: _plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    return x
+
+
+def config_key(cfg: RMTrainConfig) -> str:
+    blob = {k: v for k, v in _plain(cfg).items() if k not in _NOT_IN_KEY}
+    return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def default_output_dir(cfg: RMTrainConfig) -> Path:
+    from models.registry import cache_root
+
+    return cache_root() / "reward_models" / f"synthetic-{cfg.kind.value}-{config_key(cfg)}"
+
+
+def builtin_config(path: str) -> RMTrainConfig:
+    """The training config behind `builtin:synthetic-prm` / `builtin:synthetic-orm`."""
+    kinds = {"builtin:synthetic-prm": RMKind.prm, "builtin:synthetic-orm": RMKind.orm}
+    if path not in kinds:
+        raise ValueError(f"unknown built-in reward model {path!r}; expected one of {sorted(kinds)}")
+    return RMTrainConfig(kind=kinds[path])
+
+
+def ensure_builtin(path: str) -> Path:
+    """The cached directory of a built-in reward model, trained now (a minute or two on CPU) if absent."""
+    from models.registry import build_atomically
+
+    cfg = builtin_config(path)
+    target = default_output_dir(cfg)
+    if not (target / ".complete").exists():
+        _log(f"{path} is not cached: training it into {target}")
+    return build_atomically(target, lambda tmp: train_reward_model(cfg, tmp))
+
+
+def _log(message: str) -> None:
+    print(f"[train_rm] {message}", file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------- data
+
+
+def load_data(cfg: RMTrainConfig) -> tuple[list[RMExample], list[RMExample]]:
+    """(train, held-out) examples; held-out questions never appear in training."""
+    if cfg.data == "synthetic":
+        return _synthetic_data(cfg)
+    examples = load_examples(cfg.data, cfg.data_format)
+    if cfg.heldout_data:
+        return examples, load_examples(cfg.heldout_data, cfg.data_format)
+    questions = sorted({ex.question for ex in examples})
+    random.Random(cfg.seed).shuffle(questions)
+    heldout_questions = set(questions[: max(1, int(len(questions) * cfg.heldout_fraction))])
+    return ([ex for ex in examples if ex.question not in heldout_questions],
+            [ex for ex in examples if ex.question in heldout_questions])
+
+
+def _grade(responses: list[str], golds: list[str]) -> list[bool]:
+    from eval.grade import grade_many
+
+    return [r.correct for r in grade_many(responses, golds, datasets="math")]
+
+
+def _synthetic_data(cfg: RMTrainConfig) -> tuple[list[RMExample], list[RMExample]]:
+    from eval.config import DataConfig
+    from eval.synthetic import generate_problems, split_problems
+
+    s = cfg.synthetic
+    ppo = DataConfig()
+    _, ppo_heldout = split_problems(ppo.synthetic_num_train, ppo.synthetic_num_heldout, seed=ppo.seed, difficulty=s.difficulty)
+    excluded = {p.question for p in ppo_heldout}
+    num_total = s.num_train_problems + s.num_heldout_problems
+    problems = [p for p in generate_problems(num_total + len(excluded), seed=s.seed, difficulty=s.difficulty)
+                if p.question not in excluded][:num_total]
+    train, heldout = problems[: s.num_train_problems], problems[s.num_train_problems :]
+    return (synthetic_examples(train, s.seed, s.num_corrupted, s.num_junk, _grade),
+            synthetic_examples(heldout, s.seed + 1, s.num_corrupted, s.num_junk, _grade))
+
+
+@dataclass
+class Encoded:
+    ids: list[int]
+    reads: list[int]
+    """Token positions where the score is read: one per step (PRM) or the last token (ORM)."""
+    labels: list[float]
+    source: str
+    final_label: int
+
+
+def encode(cfg: RMTrainConfig, tokenizer, examples: Sequence[RMExample]) -> list[Encoded]:
+    """RM inputs exactly as ``rewards.models.RewardModel`` builds them when scoring."""
+    out = []
+    for ex in examples:
+        steps = [Step(s, cfg.step_delimiter) for s in ex.steps[:-1]] + [Step(ex.steps[-1], "")]
+        if cfg.kind == RMKind.prm:
+            if ex.step_labels is None:
+                raise ValueError(f"PRM training needs step labels; a {ex.source!r} example has none")
+            text, read_chars = rm_input(cfg.fmt, ex.question, steps)
+            ids, reads = encode_with_reads(tokenizer, text, read_chars, cfg.max_length)
+            labels = [float(x) for x in ex.step_labels]
+        else:
+            if ex.final_label is None:
+                raise ValueError(f"ORM training needs final labels; a {ex.source!r} example has none")
+            text, _ = rm_input(RMFormat(cfg.question_template), ex.question, [Step("".join(s.text for s in steps), "")])
+            ids, _ = encode_with_reads(tokenizer, text, [], cfg.max_length)
+            reads, labels = [len(ids) - 1], [float(ex.final_label)]
+        out.append(Encoded(ids, reads, labels, ex.source, int(ex.final_label if ex.final_label is not None else ex.step_labels[-1])))
+    return out
+
+
+def collate(batch: Sequence[Encoded], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids, mask [B, L]; rows, cols, labels [N] of every read."""
+    width = max(len(e.ids) for e in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    rows, cols, labels = [], [], []
+    for b, e in enumerate(batch):
+        ids[b, : len(e.ids)] = torch.tensor(e.ids)
+        mask[b, : len(e.ids)] = 1
+        rows += [b] * len(e.reads)
+        cols += e.reads
+        labels += e.labels
+    return ids, mask, torch.tensor(rows), torch.tensor(cols), torch.tensor(labels)
+
+
+# -------------------------------------------------------------------------------------------- training
+
+
+def _lr_factor(step: int, cfg: RMTrainConfig) -> float:
+    """Linear warm-up, then cosine decay to 10%."""
+    if step < cfg.num_warmup_steps:
+        return (step + 1) / cfg.num_warmup_steps
+    progress = (step - cfg.num_warmup_steps) / max(1, cfg.num_steps - cfg.num_warmup_steps)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+
+
+@torch.inference_mode()
+def evaluate(reader, data: Sequence[Encoded], pad_id: int, kind: RMKind, device: str, batch_size: int = 64) -> dict[str, Any]:
+    """Held-out accuracies at threshold 0.5.
+
+    step_accuracy: every step's score vs its label (PRM). final_accuracy: the score at the last read
+    (the last step for a PRM, the response for an ORM) vs the final label. Majority-class baselines
+    beside them say what a constant model would get.
+    """
+    step_hits, finals, per_source = [], [], {}
+    for first in range(0, len(data), batch_size):
+        batch = data[first : first + batch_size]
+        ids, mask, rows, cols, labels = collate(batch, pad_id)
+        scores = torch.sigmoid(reader(ids.to(device), mask.to(device), rows.to(device), cols.to(device))).cpu()
+        position = 0
+        for e in batch:
+            s = scores[position : position + len(e.reads)]
+            position += len(e.reads)
+            hits = [(float(x) >= 0.5) == (y >= 0.5) for x, y in zip(s.tolist(), e.labels)]
+            final_hit = (float(s[-1]) >= 0.5) == bool(e.final_label)
+            finals.append(final_hit)
+            if kind == RMKind.prm:
+                step_hits += hits
+            per_source.setdefault(e.source, []).append(final_hit)
+    all_step_labels = [y for e in data for y in e.labels] if kind == RMKind.prm else []
+    all_final = [e.final_label for e in data]
+    metrics: dict[str, Any] = {
+        "final_accuracy": sum(finals) / len(finals),
+        "final_majority_baseline": max(sum(all_final), len(all_final) - sum(all_final)) / len(all_final),
+        "num_heldout_responses": len(data),
+        "final_accuracy_by_source": {k: sum(v) / len(v) for k, v in sorted(per_source.items())},
+    }
+    if kind == RMKind.prm:
+        ones = sum(1 for y in all_step_labels if y >= 0.5)
+        metrics.update(step_accuracy=sum(step_hits) / len(step_hits),
+                       step_majority_baseline=max(ones, len(all_step_labels) - ones) / len(all_step_labels),
+                       num_heldout_steps=len(step_hits))
+    return metrics
+
+
+def train_reward_model(cfg: RMTrainConfig, output_dir: Path | str | None = None) -> dict[str, Any]:
+    """Train, evaluate on the held-out split, save to ``output_dir``; returns the saved realm_rm.json."""
+    from transformers import AutoTokenizer
+
+    from models.registry import resolve_model_dir
+
+    output_dir = Path(output_dir or cfg.output_dir or default_output_dir(cfg))
+    name = f"{cfg.kind.value} ({cfg.resolved_readout.value}, data={cfg.data})"
+    started = time.time()
+    torch.manual_seed(cfg.seed)
+    backbone_dir = resolve_model_dir(cfg.backbone)
+    tokenizer = AutoTokenizer.from_pretrained(backbone_dir)
+    train_examples, heldout_examples = load_data(cfg)
+    train, heldout = encode(cfg, tokenizer, train_examples), encode(cfg, tokenizer, heldout_examples)
+    _log(f"{name}: {len(train)} train / {len(heldout)} held-out responses from {cfg.backbone.name} "
+         f"({time.time() - started:.0f} s)")
+
+    readout = cfg.resolved_readout
+    extra = {"num_labels": 1} if readout != Readout.step_tag else {}
+    model = auto_model_class(readout).from_pretrained(backbone_dir, **extra).to(cfg.device)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = pad_id
+    pad_id = model.config.pad_token_id
+    reader = make_reader(model, readout, tokenizer, cfg.good_token, cfg.bad_token)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, cfg))
+    rng = random.Random(cfg.seed)
+    order: list[int] = []
+    model.train()
+    running = []
+    for step in range(cfg.num_steps):
+        if len(order) < cfg.batch_size:
+            order += rng.sample(range(len(train)), len(train))
+        batch = [train[i] for i in order[: cfg.batch_size]]
+        del order[: cfg.batch_size]
+        ids, mask, rows, cols, labels = collate(batch, pad_id)
+        log_odds = reader(ids.to(cfg.device), mask.to(cfg.device), rows.to(cfg.device), cols.to(cfg.device))
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(log_odds, labels.to(cfg.device))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        running.append(loss.item())
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.num_steps:
+            _log(f"{name}: step {step + 1}/{cfg.num_steps} loss {sum(running) / len(running):.4f} "
+                 f"({time.time() - started:.0f} s)")
+            running = []
+    model.eval()
+    metrics = evaluate(reader, heldout, pad_id, cfg.kind, cfg.device)
+    seconds = time.time() - started
+    summary = ", ".join(f"{k} {v:.3f}" for k, v in metrics.items() if isinstance(v, float))
+    _log(f"{name}: held-out {summary} ({seconds:.0f} s)")
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(output_dir)
+    tokenizer.save_pretrained(output_dir)
+    info = {
+        "kind": cfg.kind.value,
+        "readout": readout.value,
+        "question_template": cfg.question_template,
+        "step_delimiter": cfg.step_delimiter,
+        "step_tag": cfg.fmt.step_tag,
+        "good_token": cfg.good_token,
+        "bad_token": cfg.bad_token,
+        "metrics": metrics,
+        "num_train_responses": len(train),
+        "train_seconds": round(seconds, 1),
+        "config": _plain(cfg),
+    }
+    (output_dir / RM_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
+    return info
+
+
+def _register() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="rm_schema", node=RMTrainConfig)
+
+
+def main() -> None:
+    import hydra
+    from omegaconf import OmegaConf
+
+    _register()
+
+    @hydra.main(config_path="../configs/rm", config_name="train_rm", version_base="1.3")
+    def run(dict_cfg) -> None:
+        cfg: RMTrainConfig = OmegaConf.to_object(dict_cfg)
+        out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
+        if cfg.output_dir:
+            info = train_reward_model(cfg, out)
+        else:  # the cache entry builtin:synthetic-<kind> resolves to: write it atomically
+            from models.registry import build_atomically
+
+            if (out / ".complete").exists():
+                _log(f"already trained: {out} (delete it to retrain)")
+            build_atomically(out, lambda tmp: train_reward_model(cfg, tmp))
+            info = json.loads((out / RM_INFO_FILE).read_text())
+        print(json.dumps({"output_dir": str(out), **info["metrics"]}, indent=2))
+
+    run()
+
+
+if __name__ == "__main__":
+    main()

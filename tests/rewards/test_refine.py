@@ -1,0 +1,95 @@
+"""Clip, Delta and Clip-Delta on worked examples a person can check by hand."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rewards.config import Refinement
+from rewards.eta import eta_for_zero_fraction, zero_fraction
+from rewards.refine import clip, clip_delta, delta, refine, refine_batched
+
+
+def t(*xs: float) -> torch.Tensor:
+    return torch.tensor(xs, dtype=torch.float32)
+
+
+def test_clip_worked_example():
+    # eta 0.5: 0.9 and 0.7 are above it (reward 0); 0.3 is 0.2 below it.
+    assert torch.allclose(clip(t(0.9, 0.3, 0.7), 0.5), t(0.0, -0.2, 0.0))
+
+
+def test_delta_worked_example_telescopes_to_c1():
+    # c = 0.9 0.3 0.7 0.6: r1 = 0.9 - 0.3, r2 = 0.3 - 0.7, r3 = c3 (the last score is dropped), r4 = 0.
+    r = delta(t(0.9, 0.3, 0.7, 0.6))
+    assert torch.allclose(r, t(0.6, -0.4, 0.7, 0.0))
+    assert r.sum().item() == pytest.approx(0.9)
+
+
+def test_clip_delta_worked_example():
+    # clip at 0.5: c~ = 0 -0.2 0 0; delta: r1 = 0 - (-0.2), r2 = -0.2 - 0, r3 = c~3 = 0, r4 = 0. Sum = c~1 = 0.
+    r = clip_delta(t(0.9, 0.3, 0.7, 0.6), 0.5)
+    assert torch.allclose(r, t(0.2, -0.2, 0.0, 0.0))
+    assert r.sum().item() == pytest.approx(0.0)
+
+
+def test_one_and_two_steps():
+    assert torch.equal(delta(t(0.8)), t(0.0))  # K = 1: the only step is the final one: success judges it
+    assert torch.equal(clip_delta(t(0.2), 0.5), t(0.0))
+    assert torch.allclose(delta(t(0.8, 0.4)), t(0.8, 0.0))  # K = 2: r1 = c1, r2 = 0
+    assert torch.allclose(clip_delta(t(0.2, 0.9), 0.5), t(-0.3, 0.0))
+    assert torch.allclose(clip(t(0.2), 0.5), t(-0.3))
+
+
+def test_inputs_are_not_modified():
+    c = t(0.9, 0.3)
+    for refinement in Refinement:
+        refine(c, refinement, 0.5)
+    assert torch.equal(c, t(0.9, 0.3))
+
+
+def test_batched_matches_one_row_at_a_time_and_ignores_padding():
+    rows = [t(0.8), t(0.8, 0.4), t(0.9, 0.3, 0.7, 0.6)]  # K = 1, 2, 4
+    scores = torch.full((3, 4), 9.0)  # garbage in the padding must not leak into any reward
+    mask = torch.zeros(3, 4, dtype=torch.bool)
+    for b, row in enumerate(rows):
+        scores[b, : len(row)] = row
+        mask[b, : len(row)] = True
+    for refinement in Refinement:
+        out = refine_batched(scores, mask, refinement, 0.5)
+        assert out.shape == (3, 4)
+        for b, row in enumerate(rows):
+            assert torch.allclose(out[b, : len(row)], refine(row, refinement, 0.5)), refinement
+            assert torch.all(out[b, len(row) :] == 0), refinement
+
+
+def test_padding_with_repeated_steps_returns():
+    """The reward paper's hack: repeat a step the PRM likes n times before the answer.
+
+    Steps: c1 = 0.9, the repeated step 0.8 (n + 1 times), the answer 0.95; eta = 0.85.
+    raw:        0.9 + 0.8 (n + 1) + 0.95            grows by 0.8 per copy
+    clip:       0 + (-0.05)(n + 1) + 0              falls by 0.05 per copy
+    delta:      c1 = 0.9                            whatever n is
+    clip-delta: c~1 = min(0.9 - 0.85, 0) = 0        whatever n is
+    """
+    returns = {r: [] for r in Refinement}
+    for n in range(4):
+        c = t(0.9, *([0.8] * (n + 1)), 0.95)
+        for r in Refinement:
+            returns[r].append(refine(c, r, 0.85).sum().item())
+    assert returns[Refinement.none] == pytest.approx([2.65, 3.45, 4.25, 5.05])
+    assert returns[Refinement.clip] == pytest.approx([-0.05, -0.10, -0.15, -0.20])
+    assert returns[Refinement.delta] == pytest.approx([0.9] * 4)
+    assert returns[Refinement.clip_delta] == pytest.approx([0.0] * 4)
+
+
+def test_eta_for_zero_fraction_worked_example():
+    scores = [[0.1, 0.2, 0.3], [0.4, 0.5, 0.6, 0.7], [0.8, 0.9, 1.0]]
+    eta = eta_for_zero_fraction(scores, 0.8)
+    assert eta == pytest.approx(0.3)  # 0.3..1.0 are the 8 of 10 steps at or above eta
+    assert zero_fraction(scores, eta) == pytest.approx(0.8)
+    assert eta_for_zero_fraction(scores, 1.0) == pytest.approx(0.1)  # every step gets 0
+    assert eta_for_zero_fraction(scores, 0.0) == 1.0
+    with pytest.raises(ValueError, match="zero_fraction"):
+        eta_for_zero_fraction(scores, 1.5)
+    with pytest.raises(ValueError, match="no step scores"):
+        eta_for_zero_fraction([[]], 0.5)
