@@ -135,7 +135,7 @@ def grade_many(
 
 
 def warm_up(num_workers: int | None = None) -> None:
-    """Starts grader workers now, so that the first graded batch does not wait for them."""
+    """Starts grader workers and waits until they are ready, so that the first batch does not wait."""
     from eval.grading.pool import DEFAULT_MAX_WORKERS, dispatcher
 
     dispatcher().warm_up(num_workers or DEFAULT_MAX_WORKERS)

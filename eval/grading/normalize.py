@@ -145,7 +145,7 @@ _SUBS = [
     (re.compile(r"\\(?:varepsilon)(?![a-zA-Z])"), r"\\epsilon"),
     (re.compile(r"\\(?:varphi)(?![a-zA-Z])"), r"\\phi"),
     # Degrees and percent are labels of the number (25\% equals 25, 30^\circ equals 30).
-    (re.compile(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z])"), " "),
+    (re.compile(r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z]))(?:\s*[CF](?![a-zA-Z]))?"), " "),
     (re.compile(r"\\%|%|\\\$|\\euro(?![a-zA-Z])|\\pounds(?![a-zA-Z])"), " "),
 ]
 _TEXT_CMD_RE = re.compile(
@@ -157,6 +157,13 @@ _ANSWER_PHRASE_RE = re.compile(r"^\s*(?:the\s+)?(?:final\s+)?answer\s*(?:is\b|:)
 _SCIENTIFIC_RE = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)\s*[eE]\s*([+-]?\d+)(?![\w.])")
 _OVERLINE_RE = re.compile(r"(\d*)\.(\d*)\\(?:overline|bar|dot)\s*(?:\{(\d+)\}|(\d))")
 _REPEATING_PAREN_RE = re.compile(r"(?<![\d)])(\d*)\.(\d*)\((\d+)\)(?![\d(])")
+
+
+_UNIT_TEXT_RE = re.compile(r"^\s*[A-Za-z][A-Za-z. ]*$")
+_UNIT_TAIL_RE = re.compile(r"\s*(?:\^\s*\{?\s*\d\s*\}?)?\s*\.?\s*$")
+_VALUE_END_RE = re.compile(r"[\d})]\s*$")
+_CHOOSE_RE = re.compile(r"\{\s*([^{}]*?)\s*\\choose(?![a-zA-Z])\s*([^{}]*?)\s*\}")
+_PLAIN_MIXED_RE = re.compile(r"(?<![\d.,/])(\d+)\s+(\d+)\s*/\s*(\d+)(?![\d./])")
 
 
 def _unwrap_text_commands(s: str) -> str:
@@ -173,6 +180,10 @@ def _unwrap_text_commands(s: str) -> str:
         inner = s[open_index + 1 : close]
         if m.group(0).startswith("\\mathbb"):
             inner = "\\mathbb" + inner.strip()
+        elif _UNIT_TEXT_RE.match(inner) and _UNIT_TAIL_RE.match(s, close + 1) and _VALUE_END_RE.search(s[: m.start()]):
+            # A word in \text after a value, ending the answer, is its unit: `5 \text{ m}`.
+            s = s[: m.start()]
+            break
         s = s[: m.start()] + " " + inner + " " + s[close + 1 :]
     return s
 
@@ -197,9 +208,11 @@ def clean(text: str) -> str:
     for pattern, repl in _SUBS:
         s = pattern.sub(repl, s)
     s = _unwrap_text_commands(s)
+    s = _CHOOSE_RE.sub(r"\\binom{\1}{\2}", s)
     s = re.sub(r"\\mathbb\s*R(?![a-zA-Z])|\\R(?![a-zA-Z])", r"\\mathbbR", s)
     s = _ANSWER_PHRASE_RE.sub("", s, count=1)
     s = _SCIENTIFIC_RE.sub(r"\1\\times10^{\2}", s)
+    s = _PLAIN_MIXED_RE.sub(r"\1\\frac{\2}{\3}", s)
     s = _OVERLINE_RE.sub(_repeating, s)
     s = _REPEATING_PAREN_RE.sub(_repeating, s)
     s = re.sub(r"\s+", " ", s).strip()
@@ -209,6 +222,7 @@ def clean(text: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # Top-level scanning (outside any bracket)
 
+_COMMAND_RE = re.compile(r"\\[a-zA-Z]+|\\.")
 _OPEN_CMDS = ("\\{", "\\langle")
 _CLOSE_CMDS = ("\\}", "\\rangle")
 
@@ -227,7 +241,7 @@ def _bracket_at(s: str, i: int) -> tuple[int, int]:
         for tok in _CLOSE_CMDS:
             if s.startswith(tok, i):
                 return -1, len(tok)
-        m = re.compile(r"\\[a-zA-Z]+|\\.").match(s, i)
+        m = _COMMAND_RE.match(s, i)
         return 0, (m.end() - i) if m else 1
     return 0, 1
 
@@ -438,8 +452,10 @@ _THOUSANDS_RE = re.compile(r"^([-+]?)(\d{1,3}(?:,\d{3})+)(\.\d+)?$")
 _LABEL_PREFIX_RE = re.compile(r"^[A-Za-z]\w*\s*=\s*")
 _CONNECTOR_RE = re.compile(r"\s*[,;]\s*(?:(?:and|or)\s+)?|\s+(?:and|or)\s+")
 _OR_RE = re.compile(r"\bor\b")
+_AND_RE = re.compile(r"\band\b")
 _COMMA_RE = re.compile(r"\s*[,;]\s*")
 _CUP_RE = re.compile(r"\s*\\cup(?![a-zA-Z])\s*|\s+U\s+")
+_SET_BUILDER_RE = re.compile(r"\s*(?:\||\\mid(?![a-zA-Z])|:)\s*")
 _EQ_RE = re.compile(r"\s*==?\s*")
 _COMPARE_RE = re.compile(r"\s*(<|>|\\le(?![a-zA-Z])|\\ge(?![a-zA-Z])|\\ne(?![a-zA-Z]))\s*")
 _IN_RE = re.compile(r"^([A-Za-z]|\\[a-zA-Z]+)\s*\\in(?![a-zA-Z])\s*")
@@ -484,6 +500,18 @@ def _flatten(nodes) -> tuple:
 
 def is_interval(node: Node) -> bool:
     return isinstance(node, Union) or (isinstance(node, Seq) and len(node.items) == 2)
+
+
+def _half_line_intersection(items: tuple) -> Node | None:
+    """`x > 2 and x \\le 5` is (2, 5]."""
+    if len(items) != 2 or not all(isinstance(i, Seq) and len(i.items) == 2 for i in items):
+        return None
+    a, b = items
+    if a.items[1] == _INF and b.items[0] == _NEG_INF:
+        a, b = b, a
+    if a.items[0] == _NEG_INF and b.items[1] == _INF and a.items[1] != _INF and b.items[0] != _NEG_INF:
+        return Seq((b.items[0], a.items[1]), b.left, a.right)
+    return None
 
 
 def _inequality(s: str, parts: list[str]) -> Node:
@@ -540,6 +568,10 @@ def _parse(s: str, depth: int) -> Node:
         items = _flatten(_parse(p, depth + 1) for p in nonempty)
         if _OR_RE.search(s) and all(is_interval(i) for i in items):
             return Union(items)
+        if _AND_RE.search(s) and not _OR_RE.search(s):
+            both = _half_line_intersection(items)
+            if both is not None:
+                return both
         return Items(items)
     if len(nonempty) == 1 and len(parts) > 1:
         return _parse(nonempty[0], depth + 1)
@@ -586,8 +618,10 @@ def _parse(s: str, depth: int) -> Node:
     if w is not None:
         left, inner, right = w
         if left == "\\{" and right == "\\}":
-            if "|" in inner or "\\mid" in inner:
-                return Raw(canon_scalar(s))
+            builder = split_top(inner, _SET_BUILDER_RE)
+            if len(builder) > 1:
+                # {x | x <= 2}: the set its condition describes.
+                return _parse(builder[-1], depth + 1)
             items = split_top(inner, _COMMA_RE)
             return SetOf(_flatten(_parse(p, depth + 1) for p in items if p.strip()))
         if left == "\\langle" and right == "\\rangle":

@@ -134,10 +134,17 @@ class Dispatcher:
         return [r if r is not None else (False, "error") for r in batch.results]
 
     def warm_up(self, num: int) -> None:
+        """Starts workers until num are running and waits (at most STARTUP_TIMEOUT_S) until they are ready."""
         with self._lock:
             while len(self._workers) < num:
                 self._workers.append(_Worker())
         self._wake()
+        deadline = time.monotonic() + STARTUP_TIMEOUT_S
+        while time.monotonic() < deadline and self._thread.is_alive():
+            with self._lock:
+                if sum(w.ready for w in self._workers) >= num:
+                    return
+            time.sleep(0.02)
 
     def close(self) -> None:
         self._closed = True
@@ -194,7 +201,7 @@ class Dispatcher:
                 self._num_startup_failures = 0
             else:
                 failed = []
-                while len(self._workers) < min(cap, demand):
+                while not self._closed and len(self._workers) < min(cap, demand):
                     self._workers.append(_Worker())
             # Extra workers started for a large num_workers request go once they are idle.
             surplus = []
@@ -298,6 +305,15 @@ def dispatcher() -> Dispatcher:
 def run(items: list[tuple[str, str]], timeout_s: float, num_workers: int) -> list[tuple[bool, str]]:
     """(correct, reason) for each (answer, gold), in order. Never raises for item content."""
     return dispatcher().run(items, timeout_s, num_workers)
+
+
+def shutdown() -> None:
+    """Stops this process's workers; the next graded item starts fresh ones."""
+    global _dispatcher
+    with _dispatcher_lock:
+        if _dispatcher is not None and _dispatcher_pid == os.getpid():
+            _dispatcher.close()
+        _dispatcher = None
 
 
 def _close_at_exit() -> None:

@@ -58,51 +58,62 @@ def _exact_decimals(latex: str) -> str:
     return _DECIMAL_RE.sub(repl, latex)
 
 
+def _constant_value(expr) -> float:
+    """|expr| at low precision, for a constant subtree that _magnitude already bounded."""
+    try:
+        return abs(complex(expr.evalf(15, maxn=60)))
+    except Exception:
+        raise TooLarge("unevaluable constant") from None
+
+
 def _magnitude(expr) -> float:
-    """An upper bound on log10(|value| + 1) of expr, treating symbols as small numbers."""
-    if isinstance(expr, sympy.Integer):
-        return abs(int(expr)).bit_length() * 0.30103 + 1
+    """An upper bound on |log10 |expr|| (symbols count as |x| <= 100), raising TooLarge for trees
+    whose evaluation would produce huge numbers: exponents over MAX_EXPONENT, factorials over
+    MAX_FACTORIAL, or any intermediate value with more than MAX_DIGITS digits."""
     if isinstance(expr, sympy.Rational):
-        return max(abs(expr.p).bit_length(), expr.q.bit_length()) * 0.30103 + 1
+        return max(abs(expr.p).bit_length(), expr.q.bit_length()) * 0.30103
     if isinstance(expr, sympy.Float):
-        return abs(float(sympy.log(abs(expr) + 1, 10))) + 1 if expr.is_finite else 1.0
-    if not getattr(expr, "args", ()):
+        return abs(math.log10(abs(float(expr)))) if expr != 0 and expr.is_finite else 0.0
+    if isinstance(expr, sympy.Symbol):
+        return 2.0
+    args = getattr(expr, "args", ())
+    if not args:
         return 1.0
-    args = expr.args
-    if isinstance(expr, sympy.Pow) or isinstance(expr, sympy.exp):
+    if isinstance(expr, (sympy.Pow, sympy.exp)):
         base, exponent = (args[0], args[1]) if isinstance(expr, sympy.Pow) else (sympy.E, args[0])
         base_mag = _magnitude(base)
         exp_mag = _magnitude(exponent)
-        if exp_mag > math.log10(MAX_EXPONENT):
-            if base in (sympy.S.Zero, sympy.S.One, sympy.S.NegativeOne):
-                return 1.0
+        if exponent.free_symbols:
+            if exp_mag > math.log10(MAX_EXPONENT):
+                raise TooLarge("exponent")
+            exp_value = 10**exp_mag
+        else:
+            if exp_mag > MAX_DIGITS:
+                raise TooLarge("exponent")
+            exp_value = _constant_value(exponent)
+        if exp_value > MAX_EXPONENT and base not in (sympy.S.Zero, sympy.S.One, sympy.S.NegativeOne):
             raise TooLarge("exponent")
-        bound = base_mag * (10**exp_mag)
-        if bound > MAX_DIGITS:
-            raise TooLarge("power")
-        return bound
-    if isinstance(expr, (sympy.factorial, sympy.gamma, sympy.factorial2, sympy.subfactorial)):
-        n_mag = _magnitude(args[0])
-        if n_mag > math.log10(MAX_FACTORIAL) + 1:
+        bound = exp_value * max(base_mag, 1.0)
+    elif isinstance(expr, (sympy.factorial, sympy.gamma, sympy.factorial2, sympy.subfactorial, sympy.binomial)):
+        mags = [_magnitude(a) for a in args]
+        if max(mags) > math.log10(MAX_FACTORIAL) + 1:
             raise TooLarge("factorial")
-        n = 10**n_mag
-        return n * math.log10(n + 1) + 1
-    if isinstance(expr, sympy.binomial):
-        n_mag = max(_magnitude(a) for a in args)
-        if n_mag > math.log10(MAX_FACTORIAL) + 1:
-            raise TooLarge("binomial")
-        n = 10**n_mag
-        return n * 0.30103 + 1
-    mags = [_magnitude(a) for a in args]
-    if isinstance(expr, sympy.Mul):
-        total = sum(mags)
-    elif isinstance(expr, sympy.Add):
-        total = max(mags) + math.log10(len(mags) + 1)
+        n = max(_constant_value(a) for a in args) if not expr.free_symbols else 10 ** max(mags)
+        if n > MAX_FACTORIAL:
+            raise TooLarge("factorial")
+        bound = n * math.log10(n + 2)
     else:
-        total = max(mags) + 1
-    if total > MAX_DIGITS:
+        mags = [_magnitude(a) for a in args]
+        if isinstance(expr, sympy.Mul):
+            bound = sum(mags)
+        elif isinstance(expr, sympy.Add):
+            bound = max(mags) + math.log10(len(mags))
+        else:
+            # Functions (trig, log, abs, floor, ...) do not grow their argument's size.
+            bound = max(mags) + 1.0
+    if bound > MAX_DIGITS:
         raise TooLarge("size")
-    return total
+    return bound
 
 
 def _fix(expr):
@@ -132,7 +143,7 @@ def to_sympy(latex: str):
     try:
         expr = _fix(expr)
         _magnitude(expr)
-    except (TooLarge, RecursionError, OverflowError, ValueError, TypeError):
+    except (TooLarge, RecursionError, OverflowError, ValueError, TypeError, ZeroDivisionError):
         return None
     return expr
 
