@@ -159,6 +159,8 @@ _OVERLINE_RE = re.compile(r"(\d*)\.(\d*)\\(?:overline|bar|dot)\s*(?:\{(\d+)\}|(\
 _REPEATING_PAREN_RE = re.compile(r"(?<![\d)])(\d*)\.(\d*)\((\d+)\)(?![\d(])")
 
 
+_TRIG_RE = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)(?![a-zA-Z])")
+_TRIG_DEGREE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\u00b0|\\degree(?![a-zA-Z]))")
 _UNIT_TEXT_RE = re.compile(r"^\s*[A-Za-z][A-Za-z. ]*$")
 _UNIT_TAIL_RE = re.compile(r"\s*(?:\^\s*\{?\s*\d\s*\}?)?\s*\.?\s*$")
 _VALUE_END_RE = re.compile(r"[\d})]\s*$")
@@ -205,6 +207,9 @@ def clean(text: str) -> str:
     s = _UNICODE_RE.sub(lambda m: _UNICODE[m.group(0)], s)
     s = unicodedata.normalize("NFKC", s)
     s = "".join(c if c.isprintable() or c == ROW_SEP else " " for c in s)
+    if _TRIG_RE.search(s):
+        # Inside trigonometry a degree sign is a unit to convert, not a label to drop.
+        s = _TRIG_DEGREE_RE.sub(r"{(\1\\pi/180)}", s)
     for pattern, repl in _SUBS:
         s = pattern.sub(repl, s)
     s = _unwrap_text_commands(s)
@@ -514,10 +519,39 @@ def _half_line_intersection(items: tuple) -> Node | None:
     return None
 
 
+_ABS_RE = re.compile(r"^\|\s*([A-Za-z])\s*(?:([-+])\s*([^|]+?))?\s*\|$")
+
+
+def _absolute_inequality(terms: list[str], op: str) -> Node | None:
+    """`|x - a| < c` is (a - c, a + c); `|x| \\ge c` is (-oo, -c] U [c, oo)."""
+    flip = {"<": ">", ">": "<", "\\le": "\\ge", "\\ge": "\\le"}
+    if op not in flip:
+        return None
+    m = _ABS_RE.match(terms[0])
+    bound = terms[1]
+    if m is None:
+        m, bound, op = _ABS_RE.match(terms[1]), terms[0], flip[op]
+        if m is None:
+            return None
+    if _has_variable(bound):
+        return None
+    center = "" if m.group(2) is None else ("-" if m.group(2) == "+" else "") + "(" + m.group(3) + ")"
+    lo = _atom(f"{center}-({bound})") if center else _atom(f"-({bound})")
+    hi = _atom(f"{center}+({bound})") if center else _atom(bound)
+    closed = op in ("\\le", "\\ge")
+    if op in ("<", "\\le"):
+        return Seq((lo, hi), "[" if closed else "(", "]" if closed else ")")
+    return Union((Seq((_NEG_INF, lo), "(", "]" if closed else ")"), Seq((hi, _INF), "[" if closed else "(", ")")))
+
+
 def _inequality(s: str, parts: list[str]) -> Node:
     """`-2 \\le x < 7` -> [-2, 7); `x \\ne 3` -> (-oo, 3) U (3, oo). Anything else stays raw."""
     terms = [p.strip() for p in parts[0::2]]
     ops = [p.strip() for p in parts[1::2]]
+    if len(terms) == 2:
+        absolute = _absolute_inequality(terms, ops[0])
+        if absolute is not None:
+            return absolute
     labels = [k for k, t in enumerate(terms) if _VARIABLE_RE.match(t)]
     if len(labels) != 1 or any(not t for t in terms):
         return Raw(canon_scalar(s))

@@ -49,11 +49,15 @@ class TooLarge(Exception):
 
 
 def _exact_decimals(latex: str) -> str:
+    """3.14 -> (\\frac{314}{100}): latex2sympy would make a 15-digit Float of it."""
+
     def repl(m: re.Match) -> str:
         whole, frac = m.group(1), m.group(2)
         if len(whole) + len(frac) > 60:
             return m.group(0)
-        return "{\\frac{%s}{1%s}}" % ((whole + frac).lstrip("0") or "0", "0" * len(frac))
+        # A lone brace group is a set to latex2sympy; parentheses keep it a number.
+        text = "(\\frac{%s}{1%s})" % ((whole + frac).lstrip("0") or "0", "0" * len(frac))
+        return "{" + text + "}" if latex[max(0, m.start() - 1)] in "^_" and m.start() > 0 else text
 
     return _DECIMAL_RE.sub(repl, latex)
 
