@@ -115,6 +115,7 @@ class Dispatcher:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._closed = False
+        self.last_progress = time.monotonic()
         self._thread = threading.Thread(target=self._loop, name="grader-dispatch", daemon=True)
         self._thread.start()
 
@@ -125,13 +126,18 @@ class Dispatcher:
             return []
         batch = _Batch(items, timeout_s, num_workers)
         with self._lock:
+            if not self._queue and not any(w.inflight for w in self._workers):
+                self.last_progress = time.monotonic()
             self._batches.add(batch)
             self._queue.extend(_Task(batch, k) for k in range(len(items)))
         self._wake()
+        # Every item finishes or times out within timeout_s of starting, so a pool that makes no
+        # progress at all for this long is broken; give up rather than hang the caller.
+        stall_s = 2 * STARTUP_TIMEOUT_S + timeout_s
         while not batch.done.wait(0.5):
-            if not self._thread.is_alive():
+            if not self._thread.is_alive() or time.monotonic() - self.last_progress > stall_s:
                 break
-        return [r if r is not None else (False, "error") for r in batch.results]
+        return [r if r is not None else (False, "error") for r in list(batch.results)]
 
     def warm_up(self, num: int) -> None:
         """Starts workers until num are running and waits (at most STARTUP_TIMEOUT_S) until they are ready."""
@@ -168,6 +174,7 @@ class Dispatcher:
             return
         batch.results[task.index] = result
         batch.num_left -= 1
+        self.last_progress = time.monotonic()
         if batch.num_left == 0:
             with self._lock:
                 self._batches.discard(batch)
@@ -202,7 +209,12 @@ class Dispatcher:
             else:
                 failed = []
                 while not self._closed and len(self._workers) < min(cap, demand):
-                    self._workers.append(_Worker())
+                    try:
+                        self._workers.append(_Worker())
+                    except OSError:
+                        # Cannot start a process at all (no executable, fd or pid limits).
+                        self._num_startup_failures = MAX_STARTUP_FAILURES
+                        break
             # Extra workers started for a large num_workers request go once they are idle.
             surplus = []
             if not self._queue:
@@ -267,6 +279,7 @@ class Dispatcher:
                     continue
                 if reply.get("ready"):
                     worker.ready = True
+                    self.last_progress = now
                     self._num_startup_failures = 0
                 elif worker.inflight and reply.get("id") == worker.inflight[0].index:
                     task = worker.inflight.popleft()

@@ -154,3 +154,16 @@ def test_concurrent_threads_share_the_pool():
     for t in threads:
         t.join(60)
     assert [r.correct for r in results] == [c[2] for c in cases]
+
+
+def test_no_worker_process_means_errors_not_a_hang(monkeypatch):
+    from eval.grading import pool
+
+    monkeypatch.setattr(pool.sys, "executable", "/nonexistent/python")
+    dispatcher = pool.Dispatcher()
+    try:
+        start = time.monotonic()
+        assert dispatcher.run([("\\sqrt{2}", "2^{1/2}")], 1.0, 1) == [(False, "error")]
+        assert time.monotonic() - start < 10
+    finally:
+        dispatcher.close()
