@@ -14,7 +14,10 @@ innermost like a row-major ``DeviceMesh`` of shape ``(pp, dp, fsdp, tp)``:
            o/down are row-parallel (split dim 1 of the weight, bias replicated), the embedding and
            LM head are vocab-parallel (split dim 0), norms are replicated. k/v are split by kv
            head; when ``num_kv_heads < tp`` each kv head is replicated on ``tp // num_kv_heads``
-           consecutive TP ranks (vLLM's rule).
+           consecutive TP ranks (vLLM's rule). Degrees that do not align with heads (tp=4 with 9 heads
+           and 3 kv heads) fall back to DTensor's even chunking of the rows: still a valid data
+           layout, though no attention implementation computes with it (``apply_tp`` and
+           ``names.vllm_local_shapes`` reject such degrees).
 
 Every rank's piece of a parameter is a *box*: a tuple of ``(start, stop)`` per dim of the full
 tensor. For one layout, the distinct boxes of a parameter partition it (replicas hold equal boxes,
@@ -270,9 +273,7 @@ class Layout:
     def tp_interval(self, spec: ParamSpec, tp_rank: int, model: ModelSpec) -> tuple[int, int]:
         """Interval of the TP-split dim held by ``tp_rank``."""
         n = spec.shape[0] if spec.kind != ROW else spec.shape[1]
-        if spec.kind == KV and self.tp > model.num_kv_heads:
-            if self.tp % model.num_kv_heads:
-                raise ValueError(f"tp={self.tp} must be a multiple of num_kv_heads={model.num_kv_heads}")
+        if spec.kind == KV and self.tp > model.num_kv_heads and self.tp % model.num_kv_heads == 0:
             head = tp_rank // (self.tp // model.num_kv_heads)
             return head * model.head_dim, (head + 1) * model.head_dim
         if spec.kind == VOCAB and self.vocab_pad_to > 1:

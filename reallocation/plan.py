@@ -23,7 +23,7 @@ round, so that is also its extra memory per rank.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
@@ -225,35 +225,70 @@ def split_box(box: Box, max_numel: int) -> list[Box]:
     return [((r, r + 1),) + sub for r in range(start, stop) for sub in split_box(rest, max_numel)]
 
 
+def take_box(box: Box, max_numel: int) -> tuple[Box, list[Box]]:
+    """Split off a leading row-major piece of at most ``max_numel`` elements (>= 1).
+
+    Returns ``(head, rest)``: ``rest`` is at most ``ndim`` boxes covering the remainder, so a
+    message cut at a round boundary stays in few pieces.
+    """
+    if box_numel(box) <= max_numel:
+        return box, []
+    (start, stop), inner = box[0], box[1:]
+    rows = max_numel // (box_numel(inner) if inner else 1)
+    if rows >= 1:
+        return ((start, start + rows),) + inner, [((start + rows, stop),) + inner]
+    # Not even one row fits: take part of the first row.
+    head, rest = take_box(inner, max_numel)
+    tail = [((start + 1, stop),) + inner] if start + 1 < stop else []
+    return ((start, start + 1),) + head, [((start, start + 1),) + b for b in rest] + tail
+
+
 def schedule(plan: Plan, itemsize: int | Mapping[str, int], bucket_bytes: int) -> list[list[Message]]:
     """Rounds of messages in which every rank sends plus receives at most ``bucket_bytes``.
 
     Each rank's share of a round is packed into one buffer, so ``bucket_bytes`` bounds the
-    executor's extra memory per rank. Messages too large for a bucket are split into row
-    blocks. First-fit: a message goes into the earliest round where both its ends have room.
-    Deterministic, so every rank derives the same rounds (and buffer offsets) from the plan.
+    executor's extra memory per rank. Every (src, dst) pair with data left is active in every
+    round and gets a fair share of both ends' capacity (``bucket_bytes`` / number of active
+    pairs at that rank): all links stay busy at once, instead of a few pairs filling a round
+    while the rest wait. A message larger than its share is cut into row blocks
+    (``split_box``) and continues in the next round. Deterministic, so every rank derives the
+    same rounds (and buffer offsets) from the plan.
     """
     if bucket_bytes < ALIGN:
         raise ValueError(f"bucket_bytes must be >= {ALIGN}")
     capacity = bucket_bytes // ALIGN * ALIGN
-    rounds: list[list[Message]] = []
-    loads: list[dict[int, int]] = []
-    # first_open[rank]: rounds before it are full for this rank (no room for even ALIGN bytes),
-    # so the first-fit scan can start there.
-    first_open: dict[int, int] = defaultdict(int)
+    queues: dict[tuple[int, int], deque[Message]] = {}
     for msg in plan.messages():
-        size = _itemsize(itemsize, msg.name)
-        for box in split_box(msg.box, capacity // size):
-            nbytes = aligned(box_numel(box) * size)
-            r = max(first_open[msg.src], first_open[msg.dst])
-            while r < len(rounds) and (loads[r][msg.src] + nbytes > capacity or loads[r][msg.dst] + nbytes > capacity):
-                r += 1
-            if r == len(rounds):
-                rounds.append([])
-                loads.append(defaultdict(int))
-            rounds[r].append(Message(msg.src, msg.dst, msg.name, box))
-            for rank in (msg.src, msg.dst):
-                loads[r][rank] += nbytes
-                while first_open[rank] < len(rounds) and loads[first_open[rank]][rank] + ALIGN > capacity:
-                    first_open[rank] += 1
+        queues.setdefault((msg.src, msg.dst), deque()).append(msg)
+    rounds: list[list[Message]] = []
+    while queues:
+        degree: dict[int, int] = defaultdict(int)
+        for s, d in queues:
+            degree[s] += 1
+            degree[d] += 1
+        load: dict[int, int] = defaultdict(int)
+        msgs: list[Message] = []
+        for (s, d), queue in list(queues.items()):
+            share = min(capacity // degree[s], capacity // degree[d]) // ALIGN * ALIGN
+            # At least one aligned slot (progress with tiny buckets), never past either end's cap.
+            quota = min(max(share, ALIGN), capacity - load[s], capacity - load[d])
+            used = 0
+            while queue:
+                msg = queue[0]
+                size = _itemsize(itemsize, msg.name)
+                fit = (quota - used) // size
+                if fit == 0:
+                    break
+                queue.popleft()
+                if box_numel(msg.box) > fit:
+                    head, rest = take_box(msg.box, fit)
+                    queue.extendleft(reversed([Message(s, d, msg.name, b) for b in rest]))
+                    msg = Message(s, d, msg.name, head)
+                msgs.append(msg)
+                used += aligned(box_numel(msg.box) * size)
+            load[s] += used
+            load[d] += used
+            if not queue:
+                del queues[(s, d)]
+        rounds.append(msgs)
     return rounds

@@ -1,31 +1,35 @@
 """Executing a transfer plan with torch.distributed (gloo on CPU, NCCL on GPU).
 
 Every rank calls the same function with the same ``Plan`` (``plan.py``) and its own source
-shards (parameter name -> local tensor holding ``plan.src[name][rank]``). The plan is cut into
-rounds (``plan.schedule``): in each round a rank packs everything it sends into one byte buffer,
-posts one ``isend`` per peer and one ``irecv`` per peer with ``batch_isend_irecv``, waits, and
-unpacks. Each rank sends plus receives at most ``bucket_bytes`` per round, so the extra memory per
-rank is one bucket on top of the destination shards. Elements a rank already holds are copied
-locally and never sent.
+shards (parameter name -> local tensor holding ``plan.src[name][rank]``). ``plan.schedule`` cuts
+the plan into rounds in which each rank sends plus receives at most ``bucket_bytes``; in each
+round every rank posts one ``isend``/``irecv`` per message with ``batch_isend_irecv`` and waits.
+
+A message travels as the row-major elements of its box in the destination dtype. When the
+source slice is already that (a contiguous row block of a shard, in the wire dtype), it is sent
+straight from the shard; when the destination slice is contiguous, it is received straight into
+the destination shard. Only the rest (row-parallel column blocks, dtype casts) goes through one
+staging buffer per rank, reused across rounds and never larger than a round's bytes. So the extra
+memory per rank stays within one bucket on top of the destination shards. Elements a rank
+already holds are copied locally and never sent.
 
 Point-to-point rather than broadcast: the plan gives each destination only its own slice, and
 gloo and NCCL both batch P2P ops, so no per-transfer process groups are needed.
 
-``reshard_in_process`` runs the same packing code in one process (all ranks' shards in one dict)
-for tests; ``reshard_gather_broadcast`` is the baseline most RLHF systems use (gather every
-parameter in full on one rank, broadcast it, slice), kept for comparison and as a reference.
+``reshard_in_process`` runs a plan for all ranks in one process (tests);
+``reshard_gather_broadcast`` is the baseline most RLHF systems use (gather every parameter in
+full on one rank, broadcast it, slice), kept for comparison and as a reference.
 """
 
 from __future__ import annotations
 
 import time
-from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Iterator, Mapping
 
 import torch
 
-from reallocation.layout import Box, box_shape, full_box, local_slices
+from reallocation.layout import Box, box_numel, box_shape, full_box, local_slices
 from reallocation.plan import Message, Plan, aligned, make_plan, schedule
 
 DEFAULT_BUCKET_BYTES = 64 << 20
@@ -35,18 +39,21 @@ DTypes = torch.dtype | Mapping[str, torch.dtype]
 
 @dataclass
 class ReshardStats:
-    """What one rank did. Bytes are parameter bytes in the wire (= destination) dtype; buffers add
-    at most 15 bytes of alignment padding per message."""
+    """What one rank did. Bytes are parameter bytes in the wire (= destination) dtype."""
 
     bytes_sent: int = 0
     bytes_received: int = 0
     bytes_copied_locally: int = 0
+    bytes_staged: int = 0  # sent or received through the staging buffer (the rest went zero-copy)
     num_rounds: int = 0
-    num_messages: int = 0  # point-to-point messages posted by this rank (sends + receives)
-    peak_buffer_bytes: int = 0  # largest send+receive buffer of one round
+    num_messages: int = 0  # point-to-point ops posted by this rank (sends + receives)
+    peak_buffer_bytes: int = 0  # staging buffer: the executor's extra memory besides destinations
     dst_bytes: int = 0  # destination shards allocated by the executor
     seconds: float = 0.0
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # timing breakdown: local_s, post_s, wait_s, unpack_s
+
+    def add_time(self, key: str, seconds: float) -> None:
+        self.extra[key] = self.extra.get(key, 0.0) + seconds
 
 
 def _dtype(dtype: DTypes, name: str) -> torch.dtype:
@@ -57,58 +64,13 @@ def _itemsizes(plan: Plan, dtype: DTypes) -> dict[str, int]:
     return {n: _dtype(dtype, n).itemsize for n in plan.shapes}
 
 
-@dataclass
-class _Segment:
-    """The messages between one (src, dst) pair in one round, at offsets in one byte buffer."""
-
-    messages: list[tuple[Message, int]]  # (message, byte offset within the segment)
-    nbytes: int  # buffer bytes, with alignment padding
-    payload: int = 0  # bytes of parameter data
-
-
-def _segments(round_msgs: list[Message], itemsizes: Mapping[str, int]) -> dict[tuple[int, int], _Segment]:
-    segs: dict[tuple[int, int], _Segment] = {}
-    for msg in round_msgs:
-        seg = segs.setdefault((msg.src, msg.dst), _Segment([], 0))
-        seg.messages.append((msg, seg.nbytes))
-        nbytes = _numel(msg.box) * itemsizes[msg.name]
-        seg.nbytes += aligned(nbytes)
-        seg.payload += nbytes
-    return segs
-
-
-def _numel(box: Box) -> int:
-    n = 1
-    for start, stop in box:
-        n *= stop - start
-    return n
-
-
-def _view(buf: torch.Tensor, offset: int, box: Box, dtype: torch.dtype) -> torch.Tensor:
-    """The piece at ``offset`` of a byte buffer, as a ``dtype`` tensor of the box's shape."""
-    nbytes = _numel(box) * dtype.itemsize
-    return buf[offset : offset + nbytes].view(dtype).view(box_shape(box))
-
-
-def _pack(seg: _Segment, buf: torch.Tensor, plan: Plan, src_shards: Mapping[str, torch.Tensor], rank: int, dtype: DTypes) -> None:
-    for msg, offset in seg.messages:
-        local = src_shards[msg.name][local_slices(msg.box, plan.src[msg.name][rank])]
-        _view(buf, offset, msg.box, _dtype(dtype, msg.name)).copy_(local)
-
-
-def _unpack(seg: _Segment, buf: torch.Tensor, plan: Plan, dst_shards: Mapping[str, torch.Tensor], rank: int, dtype: DTypes) -> None:
-    for msg, offset in seg.messages:
-        local = dst_shards[msg.name][local_slices(msg.box, plan.dst[msg.name][rank])]
-        local.copy_(_view(buf, offset, msg.box, _dtype(dtype, msg.name)))
-
-
 def _copy_local(plan: Plan, src_shards, dst_shards, rank: int, stats: ReshardStats, dtype: DTypes) -> None:
     for t in plan.local_copies:
         if t.src != rank:
             continue
         src = src_shards[t.name][local_slices(t.box, plan.src[t.name][rank])]
         dst_shards[t.name][local_slices(t.box, plan.dst[t.name][rank])].copy_(src)
-        stats.bytes_copied_locally += _numel(t.box) * _dtype(dtype, t.name).itemsize
+        stats.bytes_copied_locally += box_numel(t.box) * _dtype(dtype, t.name).itemsize
 
 
 def allocate_destination(plan: Plan, rank: int, dtype: DTypes, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
@@ -128,13 +90,52 @@ def _param_groups(plan: Plan, itemsizes: Mapping[str, int], group_bytes: int | N
     groups: list[list[str]] = [[]]
     size = 0
     for name in names:
-        nbytes = _numel(full_box(plan.shapes[name])) * itemsizes[name]
+        nbytes = box_numel(full_box(plan.shapes[name])) * itemsizes[name]
         if groups[-1] and size + nbytes > group_bytes:
             groups.append([])
             size = 0
         groups[-1].append(name)
         size += nbytes
     return groups
+
+
+@dataclass
+class _Op:
+    """One message as seen by this rank: the local slice and, if staged, its buffer offset."""
+
+    send: bool
+    peer: int
+    tag: int  # index of the message between this pair in this round (gloo matches on it)
+    local: torch.Tensor  # the slice of the source / destination shard
+    wire_dtype: torch.dtype
+    shape: tuple[int, ...]
+    staged_at: int | None  # byte offset in the staging buffer, None = zero-copy
+
+
+def _round_ops(round_msgs: list[Message], plan: Plan, rank: int, src_shards, dst_shards, dtype: DTypes) -> tuple[list[_Op], int]:
+    """This rank's ops for one round, in the order both ends post them, and staging bytes."""
+    ops: list[_Op] = []
+    tags: dict[tuple[int, int], int] = {}
+    staged = 0
+    for msg in round_msgs:
+        if rank not in (msg.src, msg.dst):
+            continue
+        tag = tags.get((msg.src, msg.dst), 0)
+        tags[msg.src, msg.dst] = tag + 1
+        send = msg.src == rank
+        holdings, shards = (plan.src, src_shards) if send else (plan.dst, dst_shards)
+        local = shards[msg.name][local_slices(msg.box, holdings[msg.name][rank])]
+        wire = _dtype(dtype, msg.name)
+        direct = local.is_contiguous() and local.dtype == wire
+        ops.append(_Op(send, msg.dst if send else msg.src, tag, local, wire, box_shape(msg.box), None if direct else staged))
+        if not direct:
+            staged += aligned(box_numel(msg.box) * wire.itemsize)
+    return ops, staged
+
+
+def _staged_view(buf: torch.Tensor, op: _Op) -> torch.Tensor:
+    nbytes = box_numel(tuple((0, n) for n in op.shape)) * op.wire_dtype.itemsize
+    return buf[op.staged_at : op.staged_at + nbytes].view(op.wire_dtype).view(op.shape)
 
 
 def iter_reshard(
@@ -154,14 +155,14 @@ def iter_reshard(
 
     Args:
         src_shards: name -> local tensor holding ``plan.src[name][rank]`` (shape = that box).
-        dtype: wire and destination dtype, one for all or per name (sources are cast on packing,
-            so fp32 training shards travel as bf16 when the destination is bf16).
-        bucket_bytes: per-rank cap on send + receive buffer bytes in one round.
+        dtype: wire and destination dtype, one for all or per name (sources are cast before
+            sending, so fp32 training shards travel as bf16 when the destination is bf16).
+        bucket_bytes: per-rank cap on the bytes sent plus received in one round.
         group_bytes: None runs the whole plan, then yields; otherwise parameters are processed in
             consecutive groups of at most this many full-tensor bytes and yielded group by group
             (streaming to a consumer such as vLLM's ``reload_weights``).
         group: process group; plan ranks are *global* ranks.
-        out: preallocated destination shards (e.g. the parameters to overwrite).
+        out: preallocated destination shards in the wire dtype (e.g. parameters to overwrite).
         stats: filled in place.
 
     Every rank of the plan must iterate to the end (the rounds are collective). Shapes per
@@ -181,38 +182,44 @@ def iter_reshard(
         else:
             dst_shards = allocate_destination(sub, rank, dtype, device)
             stats.dst_bytes += sum(t.numel() * t.element_size() for t in dst_shards.values())
+        t0 = time.perf_counter()
         _copy_local(sub, src_shards, dst_shards, rank, stats, dtype)
-        for round_msgs in schedule(sub, itemsizes, bucket_bytes):
-            segs = _segments(round_msgs, itemsizes)
-            sends = {d: seg for (s, d), seg in sorted(segs.items()) if s == rank}
-            recvs = {s: seg for (s, d), seg in sorted(segs.items()) if d == rank}
-            stats.num_rounds += 1
-            if not sends and not recvs:
+        stats.add_time("local_s", time.perf_counter() - t0)
+        rounds = [_round_ops(msgs, sub, rank, src_shards, dst_shards, dtype) for msgs in schedule(sub, itemsizes, bucket_bytes)]
+        stats.num_rounds += len(rounds)
+        # One staging buffer for the whole schedule, reused by every round.
+        size = max((staged for _, staged in rounds), default=0)
+        buf = torch.empty(size, dtype=torch.uint8, device=device) if size else None
+        stats.peak_buffer_bytes = max(stats.peak_buffer_bytes, size)
+        for ops, _ in rounds:
+            if not ops:
                 continue
-            send_bytes = sum(seg.nbytes for seg in sends.values())
-            recv_bytes = sum(seg.nbytes for seg in recvs.values())
-            # One allocation per round for everything this rank sends and receives.
-            buf = torch.empty(send_bytes + recv_bytes, dtype=torch.uint8, device=device)
-            stats.peak_buffer_bytes = max(stats.peak_buffer_bytes, send_bytes + recv_bytes)
-            ops, offset = [], 0
-            for peer, seg in sends.items():
-                piece = buf[offset : offset + seg.nbytes]
-                _pack(seg, piece, sub, src_shards, rank, dtype)
-                ops.append(dist.P2POp(dist.isend, piece, peer, group))
-                offset += seg.nbytes
-            recv_pieces = {}
-            for peer, seg in recvs.items():
-                recv_pieces[peer] = buf[offset : offset + seg.nbytes]
-                ops.append(dist.P2POp(dist.irecv, recv_pieces[peer], peer, group))
-                offset += seg.nbytes
-            for req in dist.batch_isend_irecv(ops):
+            t0 = time.perf_counter()
+            p2p = []
+            for op in ops:
+                tensor = op.local if op.staged_at is None else _staged_view(buf, op)
+                if op.send and op.staged_at is not None:
+                    tensor.copy_(op.local)  # gather a strided slice and/or cast to the wire dtype
+                p2p.append(dist.P2POp(dist.isend if op.send else dist.irecv, tensor, op.peer, group, tag=op.tag))
+                nbytes = op.local.numel() * op.wire_dtype.itemsize
+                if op.send:
+                    stats.bytes_sent += nbytes
+                else:
+                    stats.bytes_received += nbytes
+                if op.staged_at is not None:
+                    stats.bytes_staged += nbytes
+            t1 = time.perf_counter()
+            for req in dist.batch_isend_irecv(p2p):
                 req.wait()
-            for peer, seg in recvs.items():
-                _unpack(seg, recv_pieces[peer], sub, dst_shards, rank, dtype)
-            stats.bytes_sent += sum(seg.payload for seg in sends.values())
-            stats.bytes_received += sum(seg.payload for seg in recvs.values())
-            stats.num_messages += len(ops)
-            del buf, recv_pieces, ops
+            t2 = time.perf_counter()
+            for op in ops:
+                if not op.send and op.staged_at is not None:
+                    op.local.copy_(_staged_view(buf, op))
+            stats.add_time("post_s", t1 - t0)
+            stats.add_time("wait_s", t2 - t1)
+            stats.add_time("unpack_s", time.perf_counter() - t2)
+            stats.num_messages += len(p2p)
+        del buf, rounds
         stats.seconds += time.perf_counter() - start
         yield from dst_shards.items()
         start = time.perf_counter()
@@ -245,28 +252,28 @@ def reshard_in_process(
     dtype: DTypes,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
 ) -> tuple[dict[int, dict[str, torch.Tensor]], dict[int, ReshardStats]]:
-    """Execute ``plan`` for all ranks in one process, with the same rounds, packing and
-    unpacking as ``iter_reshard`` (buffers are handed over by memcpy instead of the network)."""
+    """Execute ``plan`` for all ranks in one process, round by round as ``iter_reshard`` does;
+    each message is handed over as its row-major wire tensor."""
     itemsizes = _itemsizes(plan, dtype)
     ranks = plan.ranks
     stats = {r: ReshardStats() for r in ranks}
     out = {r: allocate_destination(plan, r, dtype) for r in ranks}
     for r in ranks:
         _copy_local(plan, shards_by_rank.get(r, {}), out[r], r, stats[r], dtype)
-    for round_msgs in schedule(plan, itemsizes, bucket_bytes):
-        segs = _segments(round_msgs, itemsizes)
-        per_rank_bytes: dict[int, int] = defaultdict(int)
-        for (s, d), seg in segs.items():
-            per_rank_bytes[s] += seg.nbytes
-            per_rank_bytes[d] += seg.nbytes
-            buf = torch.empty(seg.nbytes, dtype=torch.uint8)
-            _pack(seg, buf, plan, shards_by_rank[s], s, dtype)
-            wire = buf.clone()  # what the receiver gets
-            _unpack(seg, wire, plan, out[d], d, dtype)
-            stats[s].bytes_sent += seg.payload
-            stats[d].bytes_received += seg.payload
-        for r, nbytes in per_rank_bytes.items():
+    for msgs in schedule(plan, itemsizes, bucket_bytes):
+        load: dict[int, int] = {}
+        for msg in msgs:
+            src = shards_by_rank[msg.src][msg.name][local_slices(msg.box, plan.src[msg.name][msg.src])]
+            wire = src.to(_dtype(dtype, msg.name)).contiguous().view(-1)  # what goes over the network
+            out[msg.dst][msg.name][local_slices(msg.box, plan.dst[msg.name][msg.dst])].copy_(wire.view(box_shape(msg.box)))
+            nbytes = wire.numel() * wire.element_size()
+            stats[msg.src].bytes_sent += nbytes
+            stats[msg.dst].bytes_received += nbytes
+            for r in (msg.src, msg.dst):
+                load[r] = load.get(r, 0) + aligned(nbytes)
+        for r, nbytes in load.items():
             stats[r].num_rounds += 1
+            # In-flight bytes of the round: the executor's worst-case staging for this rank.
             stats[r].peak_buffer_bytes = max(stats[r].peak_buffer_bytes, nbytes)
     return out, stats
 
@@ -279,16 +286,21 @@ def reshard_gather_broadcast(
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     root: int = 0,
     group: "torch.distributed.ProcessGroup | None" = None,
+    broadcast_group: "torch.distributed.ProcessGroup | None" = None,
     rank: int | None = None,
     stats: ReshardStats | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Baseline: per bucket of parameters, gather them in full on ``root``, broadcast the bucket
-    to every rank of ``group`` (all of them must call this), and let each destination rank slice
-    its box. This is the gather-everything-then-broadcast weight sync of most RLHF systems."""
+    """Baseline: per bucket of parameters, gather them in full on ``root`` (point-to-point over
+    ``group``, root keeps what it holds), broadcast the bucket over ``broadcast_group`` (default:
+    ``group``; it must contain root and every destination rank), and let each destination rank
+    slice its box. This is the gather-everything-then-broadcast weight sync of most RLHF systems.
+    Every rank of ``group`` calls it."""
     import torch.distributed as dist
 
     stats = stats if stats is not None else ReshardStats()
     rank = dist.get_rank() if rank is None else rank
+    broadcast_group = group if broadcast_group is None else broadcast_group
+    in_broadcast = rank in dist.get_process_group_ranks(broadcast_group or dist.group.WORLD)
     device = _guess_device(src_shards, None)
     itemsizes = _itemsizes(plan, dtype)
     start = time.perf_counter()
@@ -297,9 +309,12 @@ def reshard_gather_broadcast(
         offsets, total = {}, 0
         for name in names:
             offsets[name] = total
-            total += aligned(_numel(full_box(plan.shapes[name])) * itemsizes[name])
+            total += aligned(box_numel(full_box(plan.shapes[name])) * itemsizes[name])
         flat = torch.empty(total, dtype=torch.uint8, device=device)
-        full = {n: _view(flat, offsets[n], full_box(plan.shapes[n]), _dtype(dtype, n)) for n in names}
+        full = {}
+        for n in names:
+            nbytes = box_numel(full_box(plan.shapes[n])) * itemsizes[n]
+            full[n] = flat[offsets[n] : offsets[n] + nbytes].view(_dtype(dtype, n)).view(plan.shapes[n])
         # Gather on root with the minimal plan (root keeps what it holds) ...
         gather_dst = {n: {root: full_box(plan.shapes[n])} for n in names}
         gather = make_plan({n: plan.src[n] for n in names}, gather_dst, plan.shapes)
@@ -308,13 +323,14 @@ def reshard_gather_broadcast(
                               rank=rank, device=device, out=full if rank == root else None, stats=gather_stats):
             pass
         # ... then broadcast the whole bucket.
-        dist.broadcast(flat, src=root, group=group)
+        if in_broadcast:
+            dist.broadcast(flat, src=root, group=broadcast_group)
         for name in names:
             if rank in plan.dst[name]:
                 out[name].copy_(full[name][local_slices(plan.dst[name][rank], full_box(plan.shapes[name]))])
-        payload = sum(_numel(full_box(plan.shapes[n])) * itemsizes[n] for n in names)
+        payload = sum(box_numel(full_box(plan.shapes[n])) * itemsizes[n] for n in names)
         stats.bytes_sent += gather_stats.bytes_sent + (payload if rank == root else 0)
-        stats.bytes_received += gather_stats.bytes_received + (payload if rank != root else 0)
+        stats.bytes_received += gather_stats.bytes_received + (payload if rank != root and in_broadcast else 0)
         stats.peak_buffer_bytes = max(stats.peak_buffer_bytes, total + gather_stats.peak_buffer_bytes)
         del flat, full
     stats.seconds += time.perf_counter() - start

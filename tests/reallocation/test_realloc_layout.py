@@ -105,5 +105,11 @@ def test_layout_ranks_map_to_global_ranks():
     assert holdings["model.embed_tokens.weight"] == {5: ((0, 64), (0, 64)), 7: ((64, 128), (0, 64))}
     with pytest.raises(ValueError):
         Layout(tp=2, ranks=(1,))
-    with pytest.raises(ValueError):
-        Layout(tp=3).holdings(spec)  # 2 kv heads cannot be spread over 3 ranks
+
+
+def test_head_misaligned_tp_falls_back_to_even_chunks():
+    # 2 kv heads (32 rows) over 3 ranks: no replication rule applies, so DTensor-style chunks.
+    spec = tiny_spec()
+    k = spec.params()[3]
+    assert k.name.endswith("k_proj.weight")
+    assert [Layout(tp=3).box(k, r, spec) for r in range(3)] == [((0, 11), (0, 64)), ((11, 22), (0, 64)), ((22, 32), (0, 64))]

@@ -183,6 +183,6 @@ def layouts(draw):
 
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(src=layouts(), dst=layouts(), vocab=st.sampled_from([64, 100, 131]), num_layers=st.integers(1, 4),
-       tied=st.booleans(), bucket=st.sampled_from([512, 4096, 1 << 20]))
+       tied=st.booleans(), bucket=st.sampled_from([1 << 14, 1 << 16, 1 << 20]))
 def test_random_layout_pairs(src, dst, vocab, num_layers, tied, bucket):
     check_plan(src, dst, tiny_spec(vocab_size=vocab, num_layers=num_layers, tied=tied), bucket_bytes=bucket)
