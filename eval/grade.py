@@ -25,12 +25,15 @@ Equality is by mathematical value, whatever the presentation
   * "x = 5" answers "5" (and the reverse); "(a,b) = (4,5)" answers "(4,5)"; "y = 2x+3" and
     "2x - y + 3 = 0" are the same equation (equations are equal up to a nonzero factor).
   * An inequality in one variable is the interval it describes: "x \\le 2" equals (-\\infty, 2];
-    "x < 2 or x > 3" equals (-\\infty,2) \\cup (3,\\infty); "x \\in [a,b]" equals [a,b].
+    "x < 2 or x > 3" equals (-\\infty,2) \\cup (3,\\infty); "x > 2 and x \\le 5", "|x-3| \\le 2",
+    "x \\in [a,b]" and "\\{x \\mid ...\\}" likewise.
   * Units, currency, degree signs and a trailing % are labels: 25\\% equals 25 and 30^\\circ
-    equals 30, but the scale must match the gold's: 0.25 vs 25\\% is incorrect.
+    equals 30, but the scale must match the gold's: 0.25 vs 25\\% is incorrect, and so is
+    \\frac{\\pi}{6} vs 30^\\circ. (Inside \\sin/\\cos/... a degree sign converts: \\cos 60^\\circ = 1/2.)
   * Approximations of exact answers are incorrect (0.333 vs \\frac13, 3.14 vs \\pi): values are
     compared exactly (numerically at 60 digits, relative difference below 1e-45, on exact
-    expressions), never with a tolerance.
+    expressions), never with a tolerance. Expressions in variables are equal when they agree at
+    several fixed sample points (variable names are case-insensitive, as in math-verify).
   * Solution sets and "all solutions" lists (comma/"and"/"or"-separated, or ±) are unordered
     and compared as sets. Tuples, points, vectors and intervals are ordered; open/closed ends
     must match. A set is not a tuple. A bare list answering a tuple must keep its order; a
@@ -77,7 +80,11 @@ def extract_answer(response: str, dataset: str = "math") -> str | None:
 
 
 def grade(response: str, gold: str, dataset: str = "math", timeout_s: float = 5.0) -> GradeResult:
-    """Grades one response against its gold answer. Raises only for an unknown dataset."""
+    """Grades one response against its gold answer. Raises only for an unknown dataset.
+
+    timeout_s bounds the sympy comparison once a worker runs it; the first call that needs a
+    worker also waits for it to start (about a second; warm_up() pays that up front).
+    """
     return grade_many([response], [gold], dataset, timeout_s=timeout_s, num_workers=1)[0]
 
 

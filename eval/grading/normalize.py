@@ -372,13 +372,13 @@ def canon_scalar(s: str) -> str:
 
 
 _UNIT_WORD_RE = re.compile(
-    r"(?:(?<=[\s})])|^)([A-Za-z]{2,})\.?(?:\s*\^\{?[234]\}?)?\s*$|(?:(?<=[\s})\d])|^)[A-Za-z]+/[A-Za-z]+\s*$"
+    r"(?:(?<=[\s})])|^)([A-Za-z]{2,})\.?(?:\s*\^\{?[234]\}?)?\s*$|(?:(?<=[\s})])|^)[A-Za-z]+/[A-Za-z]+\s*$"
 )
 # Words that are values, not labels.
 _NOT_UNITS = {"pi", "inf", "infinity", "sqrt", "cis", "or", "and", "mod", "sin", "cos", "tan", "log", "ln", "exp"}
 # Units written right after a digit with no space (`5cm`): only well-known ones.
 _GLUED_UNIT_RE = re.compile(
-    r"(?<=\d)(?:cm|mm|km|kg|mg|ml|mL|lbs?|oz|ft|yd|mph|sec|hrs?|mins?|m|g|s|L)(?:\^\{?[23]\}?)?\s*$"
+    r"(?<=\d)(?:km/h|m/s|ft/s|mi/h|cm|mm|km|kg|mg|ml|mL|lbs?|oz|ft|yd|mph|sec|hrs?|mins?|m|g|s|L)(?:\^\{?[23]\}?)?\s*$"
 )
 _CHOICE_RE = re.compile(
     r"^(?:(?i:option|choice)\s*)?(?:\(([A-Z])\)(?:$|\s|[.:]|\\)|([A-Z])$|([A-Z])\))"

@@ -251,7 +251,12 @@ class Dispatcher:
                 deadlines.append(worker.started_at + STARTUP_TIMEOUT_S)
             elif worker.inflight:
                 deadlines.append(worker.head_since + worker.inflight[0].batch.timeout_s)
-        wait = max(0.0, min(deadlines) - time.monotonic()) if deadlines else 5.0
+        if deadlines:
+            wait = max(0.0, min(deadlines) - time.monotonic())
+        else:
+            # Nothing running: sleep until woken, unless queued items are waiting for a worker
+            # that could not be started (the next step fails them).
+            wait = 0.05 if self._queue else 5.0
         fds = [self._wake_r] + [w.fd for w in workers]
         readable, _, _ = select.select(fds, [], [], wait)
         if self._wake_r in readable:
