@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from reallocation.layout import Layout, ModelSpec, full_box, local_slices
-from reallocation.names import hf_to_vllm_name, vllm_layout, vllm_local_shapes
+from reallocation.names import vllm_layout, vllm_local_shapes
 from tests.reallocation.realloc_testlib import run_ranks
 
 transformers = pytest.importorskip("transformers")
@@ -133,9 +133,3 @@ def test_fsdp2_x_tp2_on_4_ranks():
     for r in results:
         assert r["bad_boxes"] == [] and r["max_err"] < 1e-5
         assert r["full_bad"] == [] and r["vllm_keys"] and r["vllm_bad"] == []
-
-
-def test_vllm_names():
-    assert hf_to_vllm_name("model.layers.0.mlp.up_proj.weight") == ("model.layers.0.mlp.gate_up_proj.weight", 1)
-    assert hf_to_vllm_name("model.layers.0.self_attn.q_proj.bias") == ("model.layers.0.self_attn.qkv_proj.bias", 0)
-    assert hf_to_vllm_name("model.layers.0.self_attn.o_proj.weight") == ("model.layers.0.self_attn.o_proj.weight", None)
