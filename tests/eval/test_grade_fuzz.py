@@ -146,14 +146,15 @@ def test_concurrent_threads_share_the_pool():
 
     def run(k):
         response, gold, _ = cases[k]
-        results[k] = grade(response, gold)
+        # Generous: this checks sharing, not speed, and CI machines can be heavily loaded.
+        results[k] = grade(response, gold, timeout_s=60)
 
     threads = [threading.Thread(target=run, args=(k,)) for k in range(len(cases))]
     for t in threads:
         t.start()
     for t in threads:
-        t.join(60)
-    assert [r.correct for r in results] == [c[2] for c in cases]
+        t.join(180)
+    assert [r.correct if r else None for r in results] == [c[2] for c in cases], results
 
 
 def test_no_worker_process_means_errors_not_a_hang(monkeypatch):
