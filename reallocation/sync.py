@@ -87,23 +87,27 @@ def _local_box(tensor: torch.Tensor) -> tuple[torch.Tensor, Box | None]:
     return local, (box if all(n > 0 for n in shape) else None)
 
 
+def _unique_items(module_or_state_dict) -> Iterator[tuple[str, torch.Tensor]]:
+    """(HF name, tensor) pairs, each tensor once (a tied weight appears twice in a state dict)."""
+    if isinstance(module_or_state_dict, torch.nn.Module):
+        items: Iterable[tuple[str, torch.Tensor]] = module_or_state_dict.named_parameters()
+    else:
+        items = module_or_state_dict.items()
+    seen: set[int] = set()
+    for raw_name, tensor in items:
+        if id(tensor) not in seen:
+            seen.add(id(tensor))
+            yield clean_name(raw_name), tensor
+
+
 def source_shards(module_or_state_dict: torch.nn.Module | Mapping[str, torch.Tensor], group=None) -> SourceShards:
     """Collect this rank's shards of a (possibly FSDP2/TP-sharded) model and gather every rank's
     boxes with one ``all_gather_object`` of metadata. Collective."""
     import torch.distributed as dist
 
-    if isinstance(module_or_state_dict, torch.nn.Module):
-        items: Iterable[tuple[str, torch.Tensor]] = module_or_state_dict.named_parameters()
-    else:
-        items = module_or_state_dict.items()
     tensors: dict[str, torch.Tensor] = {}
     meta: dict[str, tuple[Box, Shape, str]] = {}
-    seen: set[int] = set()
-    for raw_name, tensor in items:
-        if id(tensor) in seen:  # tied weights appear twice in a state dict
-            continue
-        seen.add(id(tensor))
-        name = clean_name(raw_name)
+    for name, tensor in _unique_items(module_or_state_dict):
         local, box = _local_box(tensor)
         meta[name] = (box, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
         if box is not None:
@@ -176,8 +180,15 @@ def iter_full_weights(
     The plan targets TP=1 on ``dst_rank``: it keeps its own shards and receives the rest, at
     most ``bucket_bytes`` of parameters at a time (buffers and yielded tensors both). ``dtype``
     None keeps each parameter's dtype; otherwise shards are cast before sending. Collective:
-    every rank must exhaust the iterator; other ranks' iterators yield nothing.
+    every rank must exhaust the iterator; other ranks' iterators yield nothing. Without an
+    initialized process group it simply yields the (unsharded) parameters.
     """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():  # a single unsharded process: nothing to move
+        for name, tensor in _unique_items(module_or_state_dict):
+            yield name, tensor.detach().to(dtype) if dtype is not None else tensor.detach()
+        return
     src = source_shards(module_or_state_dict, group)
     plan = plan_sync(src, single_rank_holdings(src.shapes, dst_rank))
     yield from iter_plan_weights(plan, src.tensors, dtype=dtype or src.dtypes, bucket_bytes=bucket_bytes,

@@ -61,11 +61,13 @@ def mismatches(holdings: Holdings, ref, shards: Mapping[str, torch.Tensor], rank
     return bad
 
 
-def _worker(rank: int, world_size: int, store_dir: str, fn: Callable, args: tuple) -> None:
+def _worker(rank: int, world_size: int, store_dir: str, backend: str, fn: Callable, args: tuple) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # 2 cores shared by up to 4 ranks
-    dist.init_process_group("gloo", init_method=f"file://{store_dir}/store", rank=rank, world_size=world_size)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{store_dir}/store", rank=rank, world_size=world_size)
     try:
         result: Any = fn(rank, world_size, *args)
     except BaseException:
@@ -77,8 +79,9 @@ def _worker(rank: int, world_size: int, store_dir: str, fn: Callable, args: tupl
             pickle.dump(result, f)
 
 
-def run_ranks(fn: Callable, world_size: int, *args) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return their results.
+def run_ranks(fn: Callable, world_size: int, *args, backend: str = "gloo") -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` ranks (gloo; NCCL with one GPU per
+    rank for ``backend="nccl"``); return their results.
 
     ``fn`` must be a module-level function (it is pickled into spawned processes). An exception
     on any rank is re-raised here with that rank's traceback.
@@ -88,7 +91,7 @@ def run_ranks(fn: Callable, world_size: int, *args) -> list[Any]:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     with tempfile.TemporaryDirectory(prefix="realloc-") as store_dir:
-        mp.spawn(_worker, args=(world_size, store_dir, fn, args), nprocs=world_size, join=True)
+        mp.spawn(_worker, args=(world_size, store_dir, backend, fn, args), nprocs=world_size, join=True)
         results = []
         for rank in range(world_size):
             with open(os.path.join(store_dir, f"result_{rank}.pkl"), "rb") as f:

@@ -110,3 +110,4 @@ def test_names_match_a_real_vllm_engine(tmp_path):
     compared = [name for name, shape in got.items() if 0 not in shape]
     assert {name: got[name] for name in compared} == {name: want[name] for name in compared}
     assert "model.embed_tokens.weight" in compared  # (256, 128): vocab 200 padded to 64
+

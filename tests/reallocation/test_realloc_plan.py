@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from reallocation.layout import Layout, box_numel, full_box, intersect, local_slices, single_rank_holdings
 from reallocation.plan import (
-    ALIGN, Transfer, aligned, gather_broadcast_bytes, lower_bound_elements, make_plan, schedule, split_box,
+    ALIGN, Transfer, aligned, gather_broadcast_bytes, lower_bound_elements, make_plan, schedule, split_box, take_box,
 )
 from reallocation.reshard import reshard_in_process
 from tests.reallocation.realloc_testlib import all_shards, mismatches, reference_weights, tiny_spec
@@ -152,6 +152,16 @@ def test_split_box_and_schedule_respect_the_bucket():
             for rank in (m.src, m.dst):
                 load[rank] = load.get(rank, 0) + aligned(box_numel(m.box) * 4)
         assert max(load.values()) <= bucket // ALIGN * ALIGN
+
+
+def test_take_box_leaves_few_pieces():
+    box = ((2, 6), (0, 10))
+    assert take_box(box, 100) == (box, [])
+    assert take_box(box, 25) == (((2, 4), (0, 10)), [((4, 6), (0, 10))])  # two whole rows
+    head, rest = take_box(box, 7)  # part of one row: the rest of that row, then the other rows
+    assert head == ((2, 3), (0, 7))
+    assert rest == [((2, 3), (7, 10)), ((3, 6), (0, 10))]
+    assert box_numel(head) + sum(box_numel(b) for b in rest) == box_numel(box)
 
 
 def test_source_must_partition_each_parameter():
