@@ -23,7 +23,10 @@ def main(cfg: DictConfig) -> None:
         typed = to_train_config(cfg)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}") from None
-    train(typed)
+    from hydra.core.hydra_config import HydraConfig
+    from pathlib import Path
+
+    train(typed, Path(HydraConfig.get().runtime.output_dir))
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ _ENV_KEYS = (
     "HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK",
     "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_CPU_KVCACHE_SPACE", "VLLM_HOST_IP", "VLLM_ALLOW_INSECURE_SERIALIZATION",
     "MASTER_ADDR", "GLOO_SOCKET_IFNAME", "REALM_CACHE_DIR", "TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS",
-    "PYTHONPATH",
+    "PYTHONPATH", "VLLM_LOGGING_LEVEL",
 )
 
 
@@ -124,6 +124,7 @@ class RayCluster:
         ``num_cpus=0`` on CPU: the phases of a PPO iteration run one after another, so actors
         share the machine's cores instead of reserving them (which would deadlock on 2 cores).
         """
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
         env = {k: os.environ[k] for k in _ENV_KEYS if k in os.environ}
         env["MASTER_ADDR"] = self.host
         port = _free_port(self.host) if distributed else 0

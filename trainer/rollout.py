@@ -18,6 +18,7 @@ from typing import Protocol, Sequence
 import torch
 
 from eval.data import Problem
+from eval.prompts import PromptTemplate
 
 
 @dataclass
@@ -44,12 +45,14 @@ class Rollout:
     completion: Completion
 
 
+def rollout_template(system_prompt: str = "", prompt_suffix: str = "") -> PromptTemplate:
+    """The chat prompt the policy is trained on; held-out evaluation renders the same one."""
+    user = "{question}" if not prompt_suffix else "{question}\n" + prompt_suffix
+    return PromptTemplate(name="rollout", system=system_prompt, user=user)
+
+
 def prompt_text(tokenizer, question: str, system_prompt: str = "", prompt_suffix: str = "") -> str:
-    content = question if not prompt_suffix else f"{question}\n{prompt_suffix}"
-    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + [
-        {"role": "user", "content": content}
-    ]
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return rollout_template(system_prompt, prompt_suffix).render(question, tokenizer)
 
 
 def prompt_ids(tokenizer, text: str, max_prompt_tokens: int, where: str) -> list[int]:

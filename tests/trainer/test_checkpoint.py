@@ -1,0 +1,96 @@
+"""Checkpoints are atomic: a write that dies midway leaves the previous checkpoint usable."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from trainer.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from trainer.rollout import iteration_problems, pad_batch
+from eval.synthetic import generate_problems
+
+
+def _write(d: Path) -> None:
+    (d / "policy").mkdir()
+    (d / "policy" / "weights.bin").write_bytes(b"\x00" * 1024)
+
+
+def test_save_then_latest(tmp_path):
+    save_checkpoint(tmp_path, 5, {"iteration": 5}, _write)
+    save_checkpoint(tmp_path, 10, {"iteration": 10}, _write)
+    latest = latest_checkpoint(tmp_path)
+    assert latest.name == "iter_000010" and load_state(latest) == {"iteration": 10}
+
+
+def test_failed_write_keeps_previous(tmp_path):
+    save_checkpoint(tmp_path, 5, {"iteration": 5}, _write)
+
+    def dies_midway(d: Path) -> None:
+        _write(d)
+        raise KeyboardInterrupt  # what a Ctrl-C during the write looks like
+
+    with pytest.raises(KeyboardInterrupt):
+        save_checkpoint(tmp_path, 10, {"iteration": 10}, dies_midway)
+    assert latest_checkpoint(tmp_path).name == "iter_000005"
+    assert not list(tmp_path.glob("*.tmp-*"))
+
+
+def test_sigkill_during_write_keeps_previous(tmp_path):
+    """A real SIGKILL while the parts are being written: nothing to clean up, previous one wins."""
+    script = textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+        from trainer.checkpoint import save_checkpoint
+        root = Path({str(tmp_path)!r})
+        save_checkpoint(root, 5, {{"iteration": 5}}, lambda d: (d / "a").write_text("ok"))
+        def slow(d):
+            (d / "partial").write_text("half")
+            (root / "started").write_text("1")
+            time.sleep(60)
+        save_checkpoint(root, 10, {{"iteration": 10}}, slow)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2])
+    deadline = time.monotonic() + 60
+    while not (tmp_path / "started").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, "writer did not start"
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    latest = latest_checkpoint(tmp_path)
+    assert latest.name == "iter_000005" and load_state(latest)["iteration"] == 5
+    # The next successful save prunes the half-written leftovers.
+    save_checkpoint(tmp_path, 10, {"iteration": 10}, _write)
+    assert latest_checkpoint(tmp_path).name == "iter_000010"
+    assert not list(tmp_path.glob("*.tmp-*"))
+
+
+def test_corrupt_pointer_falls_back_to_scan(tmp_path):
+    save_checkpoint(tmp_path, 5, {"iteration": 5}, _write)
+    (tmp_path / "latest").write_text("iter_999999\n")
+    assert latest_checkpoint(tmp_path).name == "iter_000005"
+
+
+def test_data_order_depends_only_on_seed_and_iteration():
+    problems = generate_problems(10, seed=0)
+    # 4 prompts per iteration over 10 problems: iteration 2 spans epochs 0 and 1 (positions 8..11).
+    a = [p.id for p in iteration_problems(problems, 2, 4, seed=7)]
+    b = [p.id for p in iteration_problems(problems, 2, 4, seed=7)]
+    assert a == b and len(a) == 4
+    epoch0 = [p.id for it in range(2) for p in iteration_problems(problems, it, 4, seed=7)] + a[:2]
+    assert sorted(epoch0) == sorted(p.id for p in problems)  # every problem once per epoch
+
+
+def test_pad_batch_layout_worked_example():
+    batch = pad_batch([[5, 6], [7]], [[1, 2, 3], [4]], pad_id=0)
+    # P = 2 prompt columns (left-padded), T = 3 response columns (right-padded).
+    assert batch["input_ids"].tolist() == [[5, 6, 1, 2, 3], [0, 7, 4, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1, 1, 1], [0, 1, 1, 0, 0]]
+    assert batch["position_ids"].tolist() == [[0, 1, 2, 3, 4], [0, 0, 1, 1, 1]]
+    assert batch["response_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]

@@ -1,0 +1,146 @@
+"""Summarize a sweep: ``python -m trainer.summarize MULTIRUN_DIR [--out DIR]``.
+
+Reads every run directory below MULTIRUN_DIR (one per Hydra job: metrics.jsonl, summary.json,
+.hydra/overrides.yaml) and writes ``summary.md`` (one row per run, seeds averaged per reward) and
+``curves.png`` (held-out success, steps per response, response length, train success over
+iterations, one line per reward option).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from trainer.checkpoint import atomic_write_text
+from trainer.metrics import read_metrics
+
+REWARD_ORDER = ["success", "orm", "prm", "prm_clip", "prm_delta", "prm_clip_delta"]
+
+
+def _overrides(run: Path) -> dict[str, str]:
+    path = run / ".hydra" / "overrides.yaml"
+    if not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        item = line.strip().lstrip("- ").strip("'\"")
+        if "=" in item:
+            k, v = item.split("=", 1)
+            out[k.lstrip("+~")] = v
+    return out
+
+
+def find_runs(root: Path) -> list[Path]:
+    return sorted(p.parent for p in root.rglob("metrics.jsonl"))
+
+
+def run_row(run: Path) -> dict[str, Any]:
+    rows = read_metrics(run)
+    over = _overrides(run)
+    summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
+    last = rows[-1] if rows else {}
+
+    def mean_of(key: str) -> float:
+        vals = [r[key] for r in rows if key in r]
+        return statistics.fmean(vals) if vals else float("nan")
+
+    def last_of(key: str) -> float:
+        vals = [r[key] for r in rows if key in r]
+        return vals[-1] if vals else float("nan")
+
+    return {
+        "run": str(run),
+        "reward": over.get("reward", "success"),
+        "seed": over.get("run.seed", "0"),
+        "iterations": last.get("iteration", 0),
+        "greedy_before": summary.get("heldout_before", float("nan")),
+        "greedy_after": summary.get("heldout_after", last_of("heldout/success")),
+        "sampled_after": last_of("heldout/sampled_success"),
+        "steps_last": last_of("response/num_steps"),
+        "steps_first": rows[0].get("response/num_steps", float("nan")) if rows else float("nan"),
+        "length_last": last_of("response/length"),
+        "length_first": rows[0].get("response/length", float("nan")) if rows else float("nan"),
+        "success_mean": mean_of("reward/success"),
+        "learned_mean": mean_of("reward/learned"),
+        "learned_last": last_of("reward/learned"),
+    }
+
+
+def _fmt(x: Any) -> str:
+    if isinstance(x, float):
+        return "nan" if x != x else f"{x:.3f}"
+    return str(x)
+
+
+def write_summary(root: Path, out: Path) -> tuple[Path, Path | None]:
+    runs = find_runs(root)
+    if not runs:
+        raise SystemExit(f"no runs with metrics.jsonl under {root}")
+    rows = [run_row(r) for r in runs]
+    by_reward: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for row in rows:
+        by_reward[row["reward"]].append(row)
+    order = [r for r in REWARD_ORDER if r in by_reward] + sorted(set(by_reward) - set(REWARD_ORDER))
+    cols = ["greedy_before", "greedy_after", "sampled_after", "steps_first", "steps_last", "length_first",
+            "length_last", "success_mean", "learned_mean"]
+    header = ("| reward | seeds | held-out greedy before | after | held-out sampled after | steps/resp first | last "
+              "| resp length first | last | train success (mean) | learned reward (mean) |")
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    for name in order:
+        group = by_reward[name]
+        vals = [statistics.fmean([g[c] for g in group]) for c in cols]
+        lines.append(f"| {name} | {len(group)} | " + " | ".join(_fmt(v) for v in vals) + " |")
+    out.mkdir(parents=True, exist_ok=True)
+    md = out / "summary.md"
+    atomic_write_text(md, "\n".join(lines) + "\n\nRuns:\n" + "\n".join(f"- {r['reward']} seed {r['seed']}: {r['run']}" for r in rows) + "\n")
+    atomic_write_text(out / "summary.json", json.dumps(rows, indent=2))
+    return md, _plot(runs, rows, out / "curves.png")
+
+
+def _plot(runs: list[Path], rows: list[dict[str, Any]], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    panels = [("heldout/success", "held-out success (greedy)"), ("response/num_steps", "steps per response"),
+              ("response/length", "response length (tokens)"), ("reward/success", "train success"),
+              ("reward/learned", "learned reward per response"), ("kl/mean", "KL per token")]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+    colors = dict(zip(REWARD_ORDER, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for run, row in zip(runs, rows):
+        metrics = read_metrics(run)
+        for ax, (key, title) in zip(axes.flat, panels):
+            xs = [m["iteration"] for m in metrics if key in m]
+            ys = [m[key] for m in metrics if key in m]
+            if key == "heldout/success" and row["greedy_before"] == row["greedy_before"]:
+                xs, ys = [0, *xs], [row["greedy_before"], *ys]
+            ax.plot(xs, ys, marker="o", markersize=2.5, color=colors.get(row["reward"]),
+                    label=f"{row['reward']} (seed {row['seed']})")
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel("iteration")
+            ax.grid(alpha=0.3)
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=90)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("root", type=Path, help="a Hydra multirun directory (or any folder of run directories)")
+    ap.add_argument("--out", type=Path, default=None, help="where to write summary.md/curves.png (default: root)")
+    args = ap.parse_args()
+    md, png = write_summary(args.root, args.out or args.root)
+    print(md.read_text())
+    print(f"wrote {md} and {png}")
+
+
+if __name__ == "__main__":
+    main()
