@@ -1,0 +1,134 @@
+"""Reward models on the tiny backbone (random heads): counts, ranges, batching, and the readouts by hand."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rewards.config import Readout, RewardKind, RewardModelConfig
+from rewards.models import RewardModelError, encode_with_reads, load_reward_model, rm_input, RMFormat
+from rewards.segment import Step, split_steps
+
+QUESTION = "Start with 7. Add 5, then multiply by 3. What is the result?"
+RESPONSES = [
+    "The answer is \\boxed{36}.",  # K = 1
+    "7 + 5 = 12\n\nThe answer is \\boxed{12}.",  # K = 2
+    "7 + 5 = 12\n\n12 * 3 = 36\n\n\n\nThe answer is \\boxed{36}.",  # K = 4, an empty step
+]
+
+
+@pytest.fixture(scope="module")
+def rm_dirs(tiny_model_dir, tmp_path_factory):
+    """A value-head PRM and an ORM: the tiny backbone with fresh (seeded) heads; no realm_rm.json."""
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    dirs = {}
+    for name, cls in [("prm", AutoModelForTokenClassification), ("orm", AutoModelForSequenceClassification)]:
+        torch.manual_seed(0)
+        out = tmp_path_factory.mktemp(name)
+        cls.from_pretrained(tiny_model_dir, num_labels=1).save_pretrained(out)
+        tok.save_pretrained(out)
+        dirs[name] = out
+    dirs["lm"] = tiny_model_dir
+    return dirs
+
+
+def steps_of(text: str) -> list[Step]:
+    return split_steps(text, "\n\n")
+
+
+def test_rm_input_and_read_positions(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    text, reads = rm_input(RMFormat(), "Q?", steps_of("1 + 1 = 2\n\nThe answer is \\boxed{2}."))
+    assert text == "Q?\n\n1 + 1 = 2\n\nThe answer is \\boxed{2}."
+    assert reads == [15, len(text)]  # after step 1's blank line; the end
+    ids, positions = encode_with_reads(tok, text, reads)
+    assert tok.convert_ids_to_tokens([ids[p] for p in positions]) == ["ĊĊ", "}."]
+    tagged, tag_reads = rm_input(RMFormat("{question} ", " ки"), "Q?", steps_of("1 + 1 = 2\n\nThe answer is 2."))
+    assert tagged == "Q? 1 + 1 = 2 ки\n\nThe answer is 2. ки"
+    assert [tagged[:r][-3:] for r in tag_reads] == [" ки", " ки"]
+    # Truncation keeps the end: reads shift left with the cut.
+    short, short_positions = encode_with_reads(tok, text, reads, max_length=10)
+    assert short == ids[-10:] and short_positions[-1] == 9
+
+
+def test_value_head_prm_scores(rm_dirs):
+    prm = load_reward_model(rm_dirs["prm"], RewardModelConfig(batch_size=2), RewardKind.prm)
+    assert prm.readout == Readout.value_head
+    scores = prm.score_steps([QUESTION] * 3, [steps_of(r) for r in RESPONSES])
+    assert [len(s) for s in scores] == [1, 2, 4]
+    assert all(0.0 <= c <= 1.0 for s in scores for c in s)
+    one_by_one = [prm.score_steps([QUESTION], [steps_of(r)])[0] for r in RESPONSES]
+    assert torch.allclose(torch.tensor(sum(scores, [])), torch.tensor(sum(one_by_one, [])), atol=1e-5)  # padding is inert
+    # A causal model reads step k from the prefix only: appending steps does not move earlier scores.
+    longer = prm.score_steps([QUESTION], [steps_of(RESPONSES[1] + "\n\nmore\n\nsteps")])[0]
+    assert longer[:1] == pytest.approx(scores[1][:1], abs=1e-5)
+
+
+def test_step_tag_prm_reads_good_over_good_plus_bad(rm_dirs):
+    from transformers import AutoModelForCausalLM
+
+    prm = load_reward_model(rm_dirs["lm"], RewardModelConfig(readout=Readout.step_tag), RewardKind.prm)
+    steps = steps_of(RESPONSES[2])
+    scores = prm.score_steps([QUESTION], [steps])[0]
+    assert len(scores) == 4
+    # By hand: full-vocabulary logits at each tag token, then P(+) / (P(+) + P(-)).
+    text, reads = rm_input(RMFormat(step_tag=" ки"), QUESTION, steps)
+    ids, positions = encode_with_reads(prm.tokenizer, text, reads)
+    model = AutoModelForCausalLM.from_pretrained(rm_dirs["lm"])
+    with torch.no_grad():
+        probs = model(torch.tensor([ids])).logits[0].softmax(-1)
+    good, bad = prm.tokenizer.convert_tokens_to_ids(["+", "-"])
+    expected = [(probs[p, good] / (probs[p, good] + probs[p, bad])).item() for p in positions]
+    assert scores == pytest.approx(expected, abs=1e-5)
+
+
+def test_orm_scores_one_per_response(rm_dirs):
+    from transformers import AutoModelForSequenceClassification
+
+    orm = load_reward_model(rm_dirs["orm"], RewardModelConfig(batch_size=2), RewardKind.orm)
+    scores = orm.score_outcomes([QUESTION] * 3, RESPONSES)
+    assert len(scores) == 3 and all(0.0 <= s <= 1.0 for s in scores)
+    model = AutoModelForSequenceClassification.from_pretrained(rm_dirs["orm"])
+    ids = orm.tokenizer(f"{QUESTION}\n\n{RESPONSES[0]}").input_ids
+    with torch.no_grad():
+        expected = torch.sigmoid(model(torch.tensor([ids])).logits[0, 0]).item()
+    assert scores[0] == pytest.approx(expected, abs=1e-5)
+
+
+def test_readout_that_does_not_fit_the_kind_fails(rm_dirs):
+    with pytest.raises(RewardModelError, match="sequence classifier"):
+        load_reward_model(rm_dirs["orm"], RewardModelConfig(), RewardKind.prm)
+    with pytest.raises(RewardModelError, match="good_token='plus' is 4 tokens"):
+        load_reward_model(rm_dirs["lm"], RewardModelConfig(readout=Readout.step_tag, good_token="plus"), RewardKind.prm)
+
+
+def test_policy_and_reward_model_with_different_tokenizers(rm_dirs):
+    """The RM re-tokenizes the text; its K scores land on the policy's K step-end tokens."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from rewards.build import ShapedReward
+    from rewards.config import Refinement, RewardConfig
+    from rewards.types import RewardSample
+
+    raw = Tokenizer(models.BPE())
+    raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    raw.decoder = decoders.ByteLevel()
+    raw.train_from_iterator(RESPONSES * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"], show_progress=False,
+                                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    policy_tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>")
+    prm = load_reward_model(rm_dirs["prm"], RewardModelConfig(), RewardKind.prm)
+    cfg = RewardConfig(kind=RewardKind.prm, refinement=Refinement.none, model=RewardModelConfig(path="builtin:synthetic-prm"))
+
+    class Grade:
+        correct, extracted = False, None
+
+    reward = ShapedReward(cfg, policy_tok, prm, lambda r, g, d: [Grade()] * len(r))
+    samples = [RewardSample(QUESTION, "36", "math", "", r, policy_tok(r).input_ids) for r in RESPONSES]
+    out = reward(samples)
+    expected = prm.score_steps([QUESTION] * 3, [steps_of(r) for r in RESPONSES])
+    assert out.step_scores == expected and out.num_steps.tolist() == [1, 2, 4]
+    assert out.token_rewards.sum(dim=1).tolist() == pytest.approx([sum(c) for c in expected], abs=1e-5)
