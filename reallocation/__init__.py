@@ -7,6 +7,10 @@ each destination rank lacks.
 - ``names``       HF <-> vLLM parameter names and fused shapes (qkv_proj, gate_up_proj, vocab padding).
 - ``parallelize`` FSDP2 / DTensor TP for HF Llama/Qwen2 models (``apply_fsdp``, ``apply_tp``).
 - ``sync``        the trainer's entry for pushing training weights into a generation engine.
+- ``estimator``   ReaL-style cost model: time / memory of a model function call under an
+                  allocation, and reallocation time from the plan's lower bound.
+- ``search``      PPO dataflow graph, candidate allocations, list-scheduling simulator, MCMC
+                  search over execution plans.
 
 Import-light on purpose: importing the package imports no torch.distributed state, vllm or ray;
 import the submodule you need.

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, Iterable, Mapping
 
 # A box is one (start, stop) interval per dim of the full tensor.
@@ -156,6 +157,9 @@ class ModelSpec:
 
     def params(self) -> list[ParamSpec]:
         """Parameters in HF ``named_parameters()`` order (tied LM head omitted, as HF does)."""
+        return list(_params(self))
+
+    def _build_params(self) -> list[ParamSpec]:
         hidden, inter, hd = self.hidden_size, self.intermediate_size, self.head_dim
         q_rows, kv_rows = self.num_heads * hd, self.num_kv_heads * hd
         last = self.num_layers + 1
@@ -199,7 +203,17 @@ class ModelSpec:
         return {p.name: p.shape for p in self.params()}
 
     def num_params(self) -> int:
-        return sum(math.prod(p.shape) for p in self.params())
+        return _num_params(self)
+
+
+@lru_cache(maxsize=256)
+def _params(model: ModelSpec) -> tuple[ParamSpec, ...]:
+    return tuple(model._build_params())  # specs are immutable: build once per model shape
+
+
+@lru_cache(maxsize=256)
+def _num_params(model: ModelSpec) -> int:
+    return sum(math.prod(p.shape) for p in _params(model))
 
 
 def pipeline_stage_of_layer(layer: int, num_layers: int, pp: int) -> int:

@@ -22,8 +22,11 @@ vLLM with TP > 1 whose workers are ranks of the same process group (GPU path)::
     from reallocation.names import vllm_layout
     from reallocation.layout import ModelSpec
     spec = ModelSpec.from_hf_config(model.config)
-    pairs = iter_layout_weights(model, vllm_layout(tp=4, ranks=(4, 5, 6, 7)), spec, vllm_names=True)
-    # on vLLM worker ranks: (vllm_name, this worker's shard) -> param.data.copy_(shard)
+    layout = vllm_layout(tp=4, ranks=(4, 5, 6, 7))
+    # trainer ranks pass the model, vLLM worker ranks an empty dict (they hold no training shards)
+    pairs = iter_layout_weights(model if is_trainer else {}, layout, spec, vllm_names=True, dtype=torch.bfloat16)
+    for name, shard in pairs:            # yields only on vLLM worker ranks
+        params[name].data.copy_(shard)   # vLLM's own (fused, padded, per-TP-rank) parameters
 
 Lower level, when the destination ranks hold no training shards and got the plan by other means
 (it is plain picklable data): ``plan = plan_sync(source_shards(model), dst_holdings)`` on the
