@@ -94,16 +94,25 @@ def _worker(rank, world_size, kind, tied, dp, tp):
     return out
 
 
-CASES = {
+CASES = {  # name: (model, tied, dp, tp); all on 2 ranks, run in one spawn (start-up dominates)
     "fsdp2-llama-tied": ("llama", True, 2, 1),
     "tp2-qwen2-untied": ("qwen2", False, 1, 2),
 }
 
 
-@pytest.fixture(scope="module", params=list(CASES))
-def case(request):
-    kind, tied, dp, tp = CASES[request.param]
-    return request.param, run_ranks(_worker, dp * tp, kind, tied, dp, tp)
+def _all_cases(rank, world_size):
+    return {name: _worker(rank, world_size, *args) for name, args in CASES.items()}
+
+
+@pytest.fixture(scope="module")
+def all_results():
+    per_rank = run_ranks(_all_cases, 2)
+    return {name: [r[name] for r in per_rank] for name in CASES}
+
+
+@pytest.fixture(params=list(CASES))
+def case(request, all_results):
+    return request.param, all_results[request.param]
 
 
 def test_local_shards_match_layout(case):
