@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -150,7 +151,8 @@ def evaluate(
     """Generate ``num_samples`` responses per problem, grade them, and compute the metrics.
 
     ``tokenizer`` renders chat templates (any object with ``apply_chat_template``).
-    ``chunk_size`` problems are generated at a time: the unit of progress reports and of resume.
+    ``chunk_size`` problems are generated at a time, in a seeded random order: the unit of progress
+    reports and of resume.
     ``log`` gets progress lines (rate, ETA); None for silence.
     """
     if not problems:
@@ -177,6 +179,10 @@ def evaluate(
             log(f"[eval] resuming: {len(done)}/{len(problems)} problems already in {path}")
 
     todo = [p for p in problems if p.id not in done]
+    # Generate in a seeded random order: the problems finished when a long run is stopped are a
+    # uniform random subset of the set (a valid estimate), not its first (often easiest) part.
+    # Records and metrics stay in problem order.
+    random.Random(seed).shuffle(todo)
     t0 = time.monotonic()
     num_done_here = 0
     num_tokens_here = 0
@@ -219,6 +225,8 @@ def evaluate(
             f"elapsed {_fmt_seconds(elapsed)}, ETA {eta}")
 
     records = [r for p in problems for r in sorted(done[p.id], key=lambda r: r["sample_index"])]
+    if path is not None and num_done_here:
+        _rewrite(path, records)  # finished: the file in problem order, like the records
     summary = summarize([sorted(done[p.id], key=lambda r: r["sample_index"]) for p in problems], ks=ks, seed=seed)
     summary["settings"] = {
         "template": template.record(),

@@ -101,16 +101,17 @@ def test_resume_after_a_kill_regenerates_nothing_finished(tmp_path):
     # First attempt dies after its first chunk of 2 problems.
     with pytest.raises(KeyboardInterrupt):
         evaluate(Scripted(correct, fail_after_calls=1), problems, RAW, chunk_size=2, samples_path=path, log=None)
-    assert [r["id"] for r in read_samples(path)] == ["p0", "p1"]
+    first = {r["id"] for r in read_samples(path)}
+    assert len(first) == 2  # problems go in a seeded random order: any 2 of the 5
     # A torn line from the moment of the kill is ignored.
     with path.open("a") as f:
-        f.write('{"id": "p2", "sample_ind')
+        f.write('{"id": "p9", "sample_ind')
 
     second = Scripted(correct)
     lines: list[str] = []
     result = evaluate(second, problems, RAW, chunk_size=2, samples_path=path, log=lines.append)
     generated = [p for call in second.calls for p in call]
-    assert len(generated) == 3 and all("What is 0" not in p and "What is 1" not in p for p in generated)
+    assert len(generated) == 3 and not any(f"What is {pid[1:]} " in p for pid in first for p in generated)
     assert lines[0] == f"[eval] resuming: 2/5 problems already in {path}"
     assert result.summary["accuracy"]["mean"] == 3 / 5
     assert result.summary["timing"]["num_problems_resumed"] == 2
