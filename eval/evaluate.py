@@ -155,87 +155,45 @@ def evaluate(
     reports and of resume.
     ``log`` gets progress lines (rate, ETA); None for silence.
     """
-    if not problems:
-        raise ValueError("no problems to evaluate")
-    if num_samples < 1:
-        raise ValueError(f"num_samples={num_samples}: need >= 1")
-    if temperature <= 0 and num_samples > 1:
-        raise ValueError(f"num_samples={num_samples} with temperature={temperature}: greedy samples are identical; "
-                         "set temperature > 0 for sampling metrics")
-    ids = [p.id for p in problems]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise ValueError(f"problem ids must be unique (resume and reports key on them); {dup!r} repeats")
+    _check_arguments(problems, num_samples, temperature)
     grade_many_fn = grade_many_fn or _default_grade_many
-    log = log or (lambda _: None)
     prompts = {p.id: template.render(p.question, tokenizer) for p in problems}
-
     path = Path(samples_path) if samples_path else None
-    done: dict[str, list[dict[str, Any]]] = {}
-    if path is not None:
-        done = _load_done(path, prompts, num_samples)
-        _rewrite(path, [r for p in problems if p.id in done for r in done[p.id]])
-        if done:
-            log(f"[eval] resuming: {len(done)}/{len(problems)} problems already in {path}")
+    done = _resume(path, problems, prompts, num_samples, log or (lambda _: None))
 
     todo = [p for p in problems if p.id not in done]
     # Generate in a seeded random order: the problems finished when a long run is stopped are a
     # uniform random subset of the set (a valid estimate), not its first (often easiest) part.
     # Records and metrics stay in problem order.
     random.Random(seed).shuffle(todo)
-    t0 = time.monotonic()
-    num_done_here = 0
-    num_tokens_here = 0
     gen_kwargs: dict[str, Any] = dict(n=num_samples, temperature=temperature, top_p=top_p,
                                       max_new_tokens=max_new_tokens, seed=seed)
     if template.stop:
         gen_kwargs["stop"] = list(template.stop)
+    progress = _Progress(len(problems), len(todo), log)
     for start in range(0, len(todo), chunk_size):
         chunk = todo[start : start + chunk_size]
         outs = generate_fn([prompts[p.id] for p in chunk], **gen_kwargs)
-        if len(outs) != len(chunk) or any(len(o) != num_samples for o in outs):
-            raise RuntimeError(f"generate_fn returned {[len(o) for o in outs]} completions for {len(chunk)} prompts "
-                               f"x {num_samples} samples")
-        flat = [(p, i, *_as_completion(c)) for p, cs in zip(chunk, outs) for i, c in enumerate(cs)]
-        grades = grade_many_fn([f[2] for f in flat], [f[0].answer for f in flat], [f[0].dataset for f in flat])
-        new: list[dict[str, Any]] = []
-        for (p, i, text, num_tokens, finish), g in zip(flat, grades):
-            record = {
-                "id": p.id, "sample_index": i, "question": p.question, "prompt": prompts[p.id], "response": text,
-                "extracted": g.extracted, "correct": bool(g.correct), "reason": g.reason,
-                "gold": p.answer, "dataset": p.dataset, "num_tokens": num_tokens, "finish_reason": finish,
-            }
-            for key in ("subject", "level"):
-                if key in p.metadata:
-                    record[key] = p.metadata[key]
-            new.append(record)
-            num_tokens_here += num_tokens
+        new = _graded_records(chunk, outs, prompts, num_samples, grade_many_fn)
         if path is not None:
             _append(path, new)
         for r in new:
             done.setdefault(r["id"], []).append(r)
-        num_done_here += len(chunk)
-        elapsed = time.monotonic() - t0
-        rate = num_done_here / elapsed if elapsed > 0 else 0.0
-        left = len(todo) - num_done_here
-        total_done = len(problems) - left
-        eta = _fmt_seconds(left / rate) if rate > 0 else "?"
-        log(f"[eval] {total_done}/{len(problems)} problems ({100 * total_done / len(problems):.0f}%) | "
-            f"{rate:.2f} problems/s, {num_tokens_here / max(elapsed, 1e-9):.0f} tokens/s | "
-            f"elapsed {_fmt_seconds(elapsed)}, ETA {eta}")
+        progress.update(len(chunk), sum(r["num_tokens"] for r in new))
 
-    records = [r for p in problems for r in sorted(done[p.id], key=lambda r: r["sample_index"])]
-    if path is not None and num_done_here:
+    per_problem = [sorted(done[p.id], key=lambda r: r["sample_index"]) for p in problems]
+    records = [r for samples in per_problem for r in samples]
+    if path is not None and todo:
         _rewrite(path, records)  # finished: the file in problem order, like the records
-    summary = summarize([sorted(done[p.id], key=lambda r: r["sample_index"]) for p in problems], ks=ks, seed=seed)
+    summary = summarize(per_problem, ks=ks, seed=seed)
     summary["settings"] = {
         "template": template.record(),
         "num_samples": num_samples, "temperature": temperature, "top_p": top_p if temperature > 0 else 1.0,
         "max_new_tokens": max_new_tokens, "seed": seed,
     }
     summary["timing"] = {
-        "num_problems_generated": num_done_here, "num_problems_resumed": len(problems) - len(todo),
-        "generate_and_grade_seconds": time.monotonic() - t0, "num_tokens_generated": num_tokens_here,
+        "num_problems_generated": len(todo), "num_problems_resumed": len(problems) - len(todo),
+        "generate_and_grade_seconds": progress.elapsed(), "num_tokens_generated": progress.num_tokens,
     }
     return EvalResult(summary=summary, records=records)
 
@@ -255,3 +213,73 @@ def _load_done(path: Path, prompts: dict[str, str], num_samples: int) -> dict[st
                               "use another output directory (or resume=false to start over)")
         by_id.setdefault(pid, {})[r["sample_index"]] = r
     return {pid: [s[i] for i in range(num_samples)] for pid, s in by_id.items() if len(s) == num_samples}
+
+
+def _check_arguments(problems: Sequence[Problem], num_samples: int, temperature: float) -> None:
+    if not problems:
+        raise ValueError("no problems to evaluate")
+    if num_samples < 1:
+        raise ValueError(f"num_samples={num_samples}: need >= 1")
+    if temperature <= 0 and num_samples > 1:
+        raise ValueError(f"num_samples={num_samples} with temperature={temperature}: greedy samples are identical; "
+                         "set temperature > 0 for sampling metrics")
+    ids = [p.id for p in problems]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise ValueError(f"problem ids must be unique (resume and reports key on them); {dup!r} repeats")
+
+
+def _graded_records(chunk: Sequence[Problem], outs: Sequence[Sequence[CompletionLike | str]], prompts: dict[str, str],
+                    num_samples: int, grade_many_fn: GradeManyFn) -> list[dict[str, Any]]:
+    """One record per (problem, sample) of a generated chunk, graded in one batch."""
+    if len(outs) != len(chunk) or any(len(o) != num_samples for o in outs):
+        raise RuntimeError(f"generate_fn returned {[len(o) for o in outs]} completions for {len(chunk)} prompts "
+                           f"x {num_samples} samples")
+    flat = [(p, i, *_as_completion(c)) for p, cs in zip(chunk, outs) for i, c in enumerate(cs)]
+    grades = grade_many_fn([f[2] for f in flat], [f[0].answer for f in flat], [f[0].dataset for f in flat])
+    records = []
+    for (p, i, text, num_tokens, finish), g in zip(flat, grades):
+        record = {
+            "id": p.id, "sample_index": i, "question": p.question, "prompt": prompts[p.id], "response": text,
+            "extracted": g.extracted, "correct": bool(g.correct), "reason": g.reason,
+            "gold": p.answer, "dataset": p.dataset, "num_tokens": num_tokens, "finish_reason": finish,
+        }
+        record.update({k: p.metadata[k] for k in ("subject", "level") if k in p.metadata})
+        records.append(record)
+    return records
+
+
+class _Progress:
+    """Progress lines with rates measured over this call (resumed problems excluded) and an ETA."""
+
+    def __init__(self, num_problems: int, num_todo: int, log: Callable[[str], None] | None):
+        self.num_problems, self.num_todo, self.log = num_problems, num_todo, log or (lambda _: None)
+        self.num_done = 0
+        self.num_tokens = 0
+        self.t0 = time.monotonic()
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def update(self, num_problems: int, num_tokens: int) -> None:
+        self.num_done += num_problems
+        self.num_tokens += num_tokens
+        elapsed = max(self.elapsed(), 1e-9)
+        rate = self.num_done / elapsed
+        left = self.num_todo - self.num_done
+        total = self.num_problems - left
+        self.log(f"[eval] {total}/{self.num_problems} problems ({100 * total / self.num_problems:.0f}%) | "
+                 f"{rate:.2f} problems/s, {self.num_tokens / elapsed:.0f} tokens/s | "
+                 f"elapsed {_fmt_seconds(elapsed)}, ETA {_fmt_seconds(left / rate) if rate > 0 else '?'}")
+
+
+def _resume(path: Path | None, problems: Sequence[Problem], prompts: dict[str, str], num_samples: int,
+            log: Callable[[str], None]) -> dict[str, list[dict[str, Any]]]:
+    """Finished problems from ``path`` (which is rewritten to hold exactly those), or {}."""
+    if path is None:
+        return {}
+    done = _load_done(path, prompts, num_samples)
+    _rewrite(path, [r for p in problems if p.id in done for r in done[p.id]])
+    if done:
+        log(f"[eval] resuming: {len(done)}/{len(problems)} problems already in {path}")
+    return done
