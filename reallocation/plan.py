@@ -212,19 +212,6 @@ def aligned(nbytes: int) -> int:
     return -(-nbytes // ALIGN) * ALIGN
 
 
-def split_box(box: Box, max_numel: int) -> list[Box]:
-    """Cut ``box`` into row-major pieces of at most ``max_numel`` elements (each still a box)."""
-    if box_numel(box) <= max_numel:
-        return [box]
-    (start, stop), rest = box[0], box[1:]
-    inner = box_numel(rest) if rest else 1
-    rows = max_numel // inner
-    if rows >= 1:
-        return [((r, min(r + rows, stop)),) + rest for r in range(start, stop, rows)]
-    # One row is already too big: split each row along the next dim.
-    return [((r, r + 1),) + sub for r in range(start, stop) for sub in split_box(rest, max_numel)]
-
-
 def take_box(box: Box, max_numel: int) -> tuple[Box, list[Box]]:
     """Split off a leading row-major piece of at most ``max_numel`` elements (>= 1).
 
@@ -251,7 +238,7 @@ def schedule(plan: Plan, itemsize: int | Mapping[str, int], bucket_bytes: int) -
     round and gets a fair share of both ends' capacity (``bucket_bytes`` / number of active
     pairs at that rank): all links stay busy at once, instead of a few pairs filling a round
     while the rest wait. A message larger than its share is cut into row blocks
-    (``split_box``) and continues in the next round. Deterministic, so every rank derives the
+    (``take_box``) and continues in the next round. Deterministic, so every rank derives the
     same rounds (and buffer offsets) from the plan.
     """
     if bucket_bytes < ALIGN:

@@ -165,8 +165,8 @@ def iter_reshard(
         out: preallocated destination shards in the wire dtype (e.g. parameters to overwrite).
         stats: filled in place.
 
-    Every rank of the plan must iterate to the end (the rounds are collective). Shapes per
-    destination rank: ``box_shape(plan.dst[name][rank])``.
+    Every rank of the plan must iterate to the end (the rounds are collective; with NCCL every
+    rank of ``group``). Shapes per destination rank: ``box_shape(plan.dst[name][rank])``.
     """
     import torch.distributed as dist
 
@@ -174,6 +174,10 @@ def iter_reshard(
     rank = dist.get_rank() if rank is None else rank
     device = torch.device(device) if device is not None else _guess_device(src_shards, out)
     itemsizes = _itemsizes(plan, dtype)
+    if dist.get_backend(group) == "nccl":
+        # NCCL: the first batched P2P call in a group must involve all its ranks; a barrier
+        # creates the communicator, after which rounds may involve any subset.
+        dist.barrier(group=group)
     start = time.perf_counter()
     for names in _param_groups(plan, itemsizes, group_bytes):
         sub = plan.subset(names) if group_bytes is not None else plan

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from reallocation.layout import Layout, box_numel, full_box, intersect, local_slices, single_rank_holdings
 from reallocation.plan import (
-    ALIGN, Transfer, aligned, gather_broadcast_bytes, lower_bound_elements, make_plan, schedule, split_box, take_box,
+    ALIGN, Transfer, aligned, gather_broadcast_bytes, lower_bound_elements, make_plan, schedule, take_box,
 )
 from reallocation.reshard import reshard_in_process
 from tests.reallocation.realloc_testlib import all_shards, mismatches, reference_weights, tiny_spec
@@ -135,12 +135,7 @@ def test_single_rank_destination_is_a_gather():
     assert plan.num_elements_moved() == spec.num_params() - sum(box_numel(b) for per in src.values() for r, b in per.items() if r == 0)
 
 
-def test_split_box_and_schedule_respect_the_bucket():
-    box = ((0, 10), (0, 7))
-    for cap in (1, 3, 7, 8, 20, 70, 100):
-        pieces = split_box(box, cap)
-        assert all(box_numel(p) <= cap for p in pieces)
-        assert sum(box_numel(p) for p in pieces) == 70
+def test_schedule_respects_the_bucket():
     spec = tiny_spec()
     plan = make_plan(Layout(fsdp=4).holdings(spec), Layout(tp=4).holdings(spec), spec.shapes())
     bucket = 1000
