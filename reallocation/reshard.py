@@ -29,7 +29,7 @@ from typing import Iterator, Mapping
 
 import torch
 
-from reallocation.layout import Box, box_numel, box_shape, full_box, local_slices
+from reallocation.layout import box_numel, box_shape, full_box, local_slices
 from reallocation.plan import Message, Plan, aligned, make_plan, schedule
 
 DEFAULT_BUCKET_BYTES = 64 << 20

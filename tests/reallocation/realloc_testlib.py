@@ -8,7 +8,6 @@ nothing binds outside 127.0.0.1.
 
 from __future__ import annotations
 
-import math
 import os
 import pickle
 import tempfile

@@ -57,7 +57,7 @@ def _worker(rank, world_size, kind, tied, dp, tp):
     import torch.distributed as dist
 
     from reallocation.parallelize import make_mesh, parallelize
-    from reallocation.sync import drain, iter_full_weights, iter_layout_weights
+    from reallocation.sync import iter_full_weights, iter_layout_weights
 
     model = _model(kind, tied)
     ref = {n: p.detach().clone() for n, p in model.named_parameters()}

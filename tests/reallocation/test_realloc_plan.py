@@ -6,14 +6,13 @@ moved == the lower bound. Execution here is ``reshard_in_process`` (same rounds 
 the distributed executor, buffers handed over in memory).
 """
 
-import itertools
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from reallocation.layout import Layout, box_numel, full_box, intersect, local_slices, single_rank_holdings
+from reallocation.layout import Layout, box_numel, intersect, local_slices, single_rank_holdings
 from reallocation.plan import (
     ALIGN, Transfer, aligned, gather_broadcast_bytes, lower_bound_elements, make_plan, schedule, take_box,
 )
