@@ -300,6 +300,11 @@ def evaluate(reader, data: Sequence[Encoded], pad_id: int, kind: RMKind, device:
     return metrics
 
 
+def _accuracies(metrics: dict[str, Any]) -> str:
+    keys = ("step_accuracy", "final_accuracy")
+    return ", ".join(f"{k} {metrics[k]:.3f}" for k in keys if k in metrics)
+
+
 def train_reward_model(cfg: RMTrainConfig, output_dir: Path | str | None = None) -> dict[str, Any]:
     """Train, evaluate on the held-out split, save to ``output_dir``; returns the saved realm_rm.json."""
     from transformers import AutoTokenizer
@@ -347,15 +352,19 @@ def train_reward_model(cfg: RMTrainConfig, output_dir: Path | str | None = None)
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         running.append(loss.item())
-        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.num_steps:
+        if (step + 1) % cfg.log_every == 0 and step + 1 < cfg.num_steps:
+            model.eval()  # a quick look at a fixed slice of the held-out set
+            peek = evaluate(reader, heldout[:256], pad_id, cfg.kind, cfg.device)
+            model.train()
             _log(f"{name}: step {step + 1}/{cfg.num_steps} loss {sum(running) / len(running):.4f} "
-                 f"({time.time() - started:.0f} s)")
+                 f"held-out[:256] {_accuracies(peek)} ({time.time() - started:.0f} s)")
             running = []
     model.eval()
     metrics = evaluate(reader, heldout, pad_id, cfg.kind, cfg.device)
     seconds = time.time() - started
-    summary = ", ".join(f"{k} {v:.3f}" for k, v in metrics.items() if isinstance(v, float))
-    _log(f"{name}: held-out {summary} ({seconds:.0f} s)")
+    _log(f"{name}: step {cfg.num_steps}/{cfg.num_steps} loss {sum(running) / max(len(running), 1):.4f} "
+         f"held-out {_accuracies(metrics)} (baselines: step {metrics.get('step_majority_baseline', float('nan')):.3f}, "
+         f"final {metrics['final_majority_baseline']:.3f}) ({seconds:.0f} s)")
 
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir)

@@ -1,0 +1,154 @@
+"""Reward-model training: data readers on worked records, a few-step run on the tiny model, the Hydra config."""
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pytest
+
+from rewards.config import Readout, Refinement, RewardConfig, RewardKind, RewardModelConfig
+from rewards.rm_data import RMDataError, RMExample, _junk, load_examples, synthetic_examples, write_examples
+from rewards.train_rm import RMKind, RMTrainConfig, SyntheticRMData, builtin_config, config_key, train_reward_model
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def test_math_shepherd_record(tmp_path):
+    record = {"input": "What is 2+3*4? Step 1: 3*4 = 12 ки\nStep 2: 2+12 = 15 ки\nStep 3: The answer is: 15 ки",
+              "label": "What is 2+3*4? Step 1: 3*4 = 12 +\nStep 2: 2+12 = 15 -\nStep 3: The answer is: 15 -"}
+    path = tmp_path / "ms.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    [ex] = load_examples(path)
+    assert ex.question == "What is 2+3*4?"
+    assert ex.steps == ("Step 1: 3*4 = 12", "Step 2: 2+12 = 15", "Step 3: The answer is: 15")
+    assert ex.step_labels == (1, 0, 0) and ex.final_label == 0
+
+
+def test_prm800k_record(tmp_path):
+    def completion(text, rating):
+        return {"text": text, "rating": rating}
+
+    record = {"question": {"problem": "What is 1+1?", "ground_truth_answer": "2"},
+              "label": {"finish_reason": "found_error", "steps": [
+                  {"completions": [completion("1+1 is two.", 1), completion("Hmm.", 0)], "chosen_completion": 0},
+                  {"completions": [completion("Let me think.", 0)], "chosen_completion": 0},
+                  {"completions": [completion("So it is 3.", -1)], "chosen_completion": None},
+                  {"completions": [completion("never reached", 1)], "chosen_completion": 0}]}}
+    path = tmp_path / "prm800k.jsonl"
+    path.write_text(json.dumps(record) + "\n")
+    [ex] = load_examples(path, "prm800k")
+    assert ex.steps == ("1+1 is two.", "Let me think.", "So it is 3.")  # stops at the first bad step
+    assert ex.step_labels == (1, 1, 0) and ex.final_label == 0
+
+
+def test_realm_records_round_trip_and_bad_lines_are_named(tmp_path):
+    examples = [RMExample("q", ("a", "b"), (1, 0), 0, "x"), RMExample("q2", ("c",), None, 1, "y")]
+    path = tmp_path / "realm.jsonl"
+    write_examples(path, examples)
+    assert load_examples(path) == examples
+    path.write_text('{"steps": ["a"], "step_labels": [1]}\n{"nope": 1}\n')
+    with pytest.raises(RMDataError, match=r"realm.jsonl:1: KeyError"):
+        load_examples(path)
+
+
+def test_junk_responses_keep_their_natural_labels():
+    steps = ["7 + 5 = 12", "12 * 3 = 36", "The answer is \\boxed{36}."]
+    seen = {}
+    rng = random.Random(0)
+    for _ in range(30):
+        kind, s, labels, has_answer = _junk(rng, steps, [1, 1, 1], "36")
+        seen[kind] = (s, labels, has_answer)
+    s, labels, has_answer = seen["truncated"]
+    assert s == steps[: len(s)] and len(s) < 3 and labels == [1] * len(s) and not has_answer
+    assert seen["no_box"] == (steps[:2] + ["The answer is 36."], [1, 1, 1], True)
+    s, labels, _ = seen["repeated"]
+    assert len(s) > 3 and labels == [1] * len(s) and s[-1] == steps[-1]
+    # Repeating a step after a slip repeats its label (0).
+    kind, s, labels, _ = next(j for j in (_junk(rng, steps, [1, 0, 0], "36") for _ in range(50)) if j[0] == "repeated")
+    assert labels == [1 if step == steps[0] else 0 for step in s]
+
+
+def test_synthetic_examples_are_labelled_by_the_grader():
+    from eval.grade import grade_many
+    from eval.synthetic import generate_problems
+
+    problems = generate_problems(3, seed=5)
+    examples = synthetic_examples(problems, seed=0, num_corrupted=1, num_junk=2,
+                                  grade=lambda r, g: [x.correct for x in grade_many(r, g)])
+    assert len(examples) == 3 * (2 + 2)
+    for ex in examples:
+        assert len(ex.step_labels) == len(ex.steps)
+        if ex.source == "clean":
+            assert set(ex.step_labels) == {1} and ex.final_label == 1
+        if ex.source == "corrupted":
+            assert ex.final_label == 0 and ex.step_labels[-1] == 0
+        if ex.source == "truncated":
+            assert ex.final_label == 0  # no answer: the grader says incorrect
+        if ex.source in ("no_box", "repeated"):
+            assert ex.step_labels[-1] == ex.final_label
+
+
+def tiny_run(kind: RMKind, readout: Readout = Readout.auto) -> RMTrainConfig:
+    return RMTrainConfig(kind=kind, readout=readout, num_steps=3, batch_size=8, num_warmup_steps=1, log_every=2,
+                         synthetic=SyntheticRMData(num_train_problems=6, num_heldout_problems=3))
+
+
+@pytest.mark.parametrize("kind, readout", [(RMKind.prm, Readout.auto), (RMKind.orm, Readout.auto), (RMKind.prm, Readout.step_tag)])
+def test_a_few_training_steps_save_a_loadable_reward_model(kind, readout, tmp_path, tiny_model_dir, capsys):
+    from transformers import AutoTokenizer
+
+    from rewards.build import build_reward_fn
+    from rewards.types import RewardSample
+
+    info = train_reward_model(tiny_run(kind, readout), tmp_path)
+    saved = json.loads((tmp_path / "realm_rm.json").read_text())
+    assert saved["kind"] == kind.value and saved["metrics"] == info["metrics"]
+    assert 0.0 <= saved["metrics"]["final_accuracy"] <= 1.0
+    assert ("step_accuracy" in saved["metrics"]) == (kind == RMKind.prm)
+    assert "held-out" in capsys.readouterr().err  # progress lines
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cfg = RewardConfig(kind=RewardKind(kind.value), refinement=Refinement.clip_delta if kind == RMKind.prm else Refinement.none,
+                       model=RewardModelConfig(path=str(tmp_path)))
+    reward = build_reward_fn(cfg, tok)
+    text = "7 + 5 = 12\n\n12 * 3 = 36\n\nThe answer is \\boxed{36}."
+    out = reward([RewardSample("Start with 7. Add 5, then multiply by 3. What is the result?", "36", "math", "", text,
+                               tok(text).input_ids + [tok.eos_token_id])])
+    assert out.success.tolist() == [1.0] and out.num_steps.tolist() == [3]
+    if kind == RMKind.prm:
+        assert len(out.step_scores[0]) == 3 and all(0.0 <= c <= 1.0 for c in out.step_scores[0])
+    else:
+        assert 0.0 <= out.learned.item() <= 1.0
+
+
+def test_trained_delimiter_must_match_the_reward_config(tmp_path, tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    from rewards.build import build_reward_fn
+    from rewards.models import RewardModelError
+
+    train_reward_model(tiny_run(RMKind.prm), tmp_path)
+    cfg = RewardConfig(kind=RewardKind.prm, step_delimiter="\n", model=RewardModelConfig(path=str(tmp_path)))
+    with pytest.raises(RewardModelError, match=r"set reward.step_delimiter='\\n\\n'"):
+        build_reward_fn(cfg, AutoTokenizer.from_pretrained(tiny_model_dir))
+    cfg = RewardConfig(kind=RewardKind.orm, model=RewardModelConfig(path=str(tmp_path)))
+    with pytest.raises(RewardModelError, match="trained as a PRM"):
+        build_reward_fn(cfg, AutoTokenizer.from_pretrained(tiny_model_dir))
+
+
+def test_hydra_config_composes_to_the_builtin_defaults():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from rewards.train_rm import _register
+
+    _register()
+    with initialize_config_dir(config_dir=str(CONFIGS / "rm"), version_base="1.3"):
+        prm = OmegaConf.to_object(compose(config_name="train_rm"))
+        orm = OmegaConf.to_object(compose(config_name="train_rm", overrides=["kind=orm"]))
+        with pytest.raises(Exception, match="readout"):
+            OmegaConf.to_object(compose(config_name="train_rm", overrides=["kind=orm", "readout=step_tag"]))
+    # `python -m rewards.train_rm [kind=orm]` trains exactly what builtin:synthetic-* resolves to.
+    assert config_key(prm) == config_key(builtin_config("builtin:synthetic-prm"))
+    assert config_key(orm) == config_key(builtin_config("builtin:synthetic-orm"))
+    assert config_key(prm) != config_key(orm)
