@@ -19,7 +19,9 @@ the logprobs an update recomputes must equal the ones the rollout was scored wit
 """
 from __future__ import annotations
 
+import contextlib
 import random
+import warnings
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -155,6 +157,14 @@ def _global_grad_norm_clip(model: nn.Module, max_norm: float) -> Tensor:
     return norm
 
 
+@contextlib.contextmanager
+def _single_process_dcp_quiet():
+    """DCP warns that it 'assumes the intent' to save/load in one process; with one rank it is."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
 class _Trainer:
     """Optimizer + LR schedule + the minibatch loop shared by the policy and critic updates.
 
@@ -231,8 +241,9 @@ class _Trainer:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / "dcp"),
-                 no_dist=not self.ranks.sharded)
+        with _single_process_dcp_quiet():
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / "dcp"),
+                     no_dist=not self.ranks.sharded)
         torch.save(self.state_dict_extra(), directory / f"extra_rank{self.ranks.rank}.pt")
         if self.ranks.sharded:
             dist.barrier()  # the caller renames the directory once every rank has written
@@ -244,7 +255,8 @@ class _Trainer:
         directory = Path(directory)
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         state = {"model": model_state, "optim": optim_state}
-        dcp.load(state, checkpoint_id=str(directory / "dcp"), no_dist=not self.ranks.sharded)
+        with _single_process_dcp_quiet():
+            dcp.load(state, checkpoint_id=str(directory / "dcp"), no_dist=not self.ranks.sharded)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra = directory / f"extra_rank{self.ranks.rank}.pt"
         if not extra.exists():  # saved with another world size: rank 0's schedule is everyone's

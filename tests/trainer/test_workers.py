@@ -158,6 +158,8 @@ def _two_ranks(rank: int, port: int, model_dir: str, work: str) -> None:
     policy_state = policy.state_dict_for_sync()
     critic_state = _full_state_dict(critic.model, critic.ranks)
     policy.save_checkpoint(Path(work) / "policy_ckpt")
+    policy.save_pretrained(Path(work) / "policy_hf")
+    out["sft_loss"] = policy.sft_step(mine)
     if rank == 0:
         out.update(policy_state=policy_state, critic_state=critic_state)
     torch.save(out, Path(work) / f"rank{rank}.pt")
@@ -195,6 +197,12 @@ def test_two_gloo_ranks_match_one_unsharded_process(tiny_model_dir, tmp_path):
     critic_reference = _full_state_dict(critic.model, critic.ranks)
     for name, tensor in critic_reference.items():
         torch.testing.assert_close(ranks[0]["critic_state"][name], tensor, atol=2e-5, rtol=1e-4, msg=name)
+
+    from transformers import AutoModelForCausalLM
+
+    exported = AutoModelForCausalLM.from_pretrained(tmp_path / "policy_hf").state_dict()
+    assert all(torch.equal(exported[k], v) for k, v in ranks[0]["policy_state"].items())
+    assert ranks[0]["sft_loss"] == ranks[1]["sft_loss"] == pytest.approx(policy.sft_step(data), rel=1e-5)
 
     # A checkpoint written by 2 ranks loads into 1 (DCP reshards) with the same weights.
     resumed = PolicyWorker(model_dir=model_dir, ppo=PPO, num_iterations=3)
