@@ -25,6 +25,7 @@ import hashlib
 import json
 import math
 import random
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -84,9 +85,15 @@ class RMTrainConfig:
     """step_tag readout only: appended after every step."""
     good_token: str = "+"
     bad_token: str = "-"
-    num_steps: int = 700
-    batch_size: int = 64
-    lr: float = 2e-3
+    num_lm_warmup_steps: int = 800
+    """First train the backbone as a causal LM on the correct solutions in the training data (response
+    tokens only), then the reward head. A from-scratch tiny model cannot check arithmetic from sparse
+    step labels within minutes; as an LM it learns to compute the next step, which is what a verifier
+    needs (real PRMs start from a pretrained math LM for the same reason). 0: start from the backbone."""
+    lm_warmup_lr: float = 1e-3
+    num_steps: int = 500
+    batch_size: int = 32
+    lr: float = 1e-3
     weight_decay: float = 0.01
     num_warmup_steps: int = 50
     max_length: int = 512
@@ -300,6 +307,58 @@ def evaluate(reader, data: Sequence[Encoded], pad_id: int, kind: RMKind, device:
     return metrics
 
 
+def is_correct_solution(ex: RMExample) -> bool:
+    """Every step good and the final answer right: what the LM warm-up imitates."""
+    return ex.final_label == 1 and (ex.step_labels is None or all(ex.step_labels))
+
+
+def warm_up_lm(cfg: RMTrainConfig, backbone_dir: Path, tokenizer, examples: Sequence[RMExample], started: float):
+    """The backbone after ``num_lm_warmup_steps`` of next-token training on correct solutions.
+
+    The loss is the mean NLL of the response tokens (the RM input after the question template), as in
+    an SFT warm-up of a policy; the question is context only.
+    """
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(backbone_dir).to(cfg.device)
+    data = []
+    for ex in examples:
+        if not is_correct_solution(ex):
+            continue
+        prefix = cfg.question_template.replace("{question}", ex.question)
+        text = prefix + cfg.step_delimiter.join(ex.steps)
+        ids, (start,) = encode_with_reads(tokenizer, text, [len(prefix)], cfg.max_length)
+        data.append((ids, start + 1))  # loss on the tokens after the prefix's last token
+    if not data:
+        raise ValueError("num_lm_warmup_steps > 0 but the training data has no correct solutions to learn from")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lm_warmup_lr, weight_decay=0.0)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    rng = random.Random(cfg.seed + 1)
+    model.train()
+    running: list[float] = []
+    for step in range(cfg.num_lm_warmup_steps):
+        batch = [data[i] for i in rng.sample(range(len(data)), min(cfg.batch_size, len(data)))]
+        width = max(len(ids) for ids, _ in batch)
+        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        labels = torch.full((len(batch), width), -100, dtype=torch.long)  # -100: not trained on
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for b, (ids, first) in enumerate(batch):
+            input_ids[b, : len(ids)] = torch.tensor(ids)
+            labels[b, first : len(ids)] = torch.tensor(ids[first:])
+            mask[b, : len(ids)] = 1
+        loss = model(input_ids=input_ids.to(cfg.device), attention_mask=mask.to(cfg.device), labels=labels.to(cfg.device)).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        running.append(loss.item())
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.num_lm_warmup_steps:
+            _log(f"LM warm-up: step {step + 1}/{cfg.num_lm_warmup_steps} loss {sum(running) / len(running):.4f} "
+                 f"on {len(data)} correct solutions ({time.time() - started:.0f} s)")
+            running = []
+    return model
+
+
 def _accuracies(metrics: dict[str, Any]) -> str:
     keys = ("step_accuracy", "final_accuracy")
     return ", ".join(f"{k} {metrics[k]:.3f}" for k in keys if k in metrics)
@@ -323,8 +382,14 @@ def train_reward_model(cfg: RMTrainConfig, output_dir: Path | str | None = None)
          f"({time.time() - started:.0f} s)")
 
     readout = cfg.resolved_readout
+    start_dir = backbone_dir
+    if cfg.num_lm_warmup_steps > 0:
+        warm = warm_up_lm(cfg, backbone_dir, tokenizer, train_examples, started)
+        start_dir = output_dir / "lm-warmup"  # the head is attached on load; removed after the RM is saved
+        warm.save_pretrained(start_dir)
+        del warm
     extra = {"num_labels": 1} if readout != Readout.step_tag else {}
-    model = auto_model_class(readout).from_pretrained(backbone_dir, **extra).to(cfg.device)
+    model = auto_model_class(readout).from_pretrained(start_dir, **extra).to(cfg.device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if model.config.pad_token_id is None:
         model.config.pad_token_id = pad_id
@@ -367,6 +432,8 @@ def train_reward_model(cfg: RMTrainConfig, output_dir: Path | str | None = None)
          f"final {metrics['final_majority_baseline']:.3f}) ({seconds:.0f} s)")
 
     output_dir.mkdir(parents=True, exist_ok=True)
+    if start_dir != backbone_dir:
+        shutil.rmtree(start_dir)
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     info = {

@@ -90,50 +90,67 @@ def test_synthetic_examples_are_labelled_by_the_grader():
 
 
 def tiny_run(kind: RMKind, readout: Readout = Readout.auto) -> RMTrainConfig:
-    return RMTrainConfig(kind=kind, readout=readout, num_steps=3, batch_size=8, num_warmup_steps=1, log_every=2,
+    return RMTrainConfig(kind=kind, readout=readout, num_steps=3, batch_size=8, num_warmup_steps=1, log_every=2, num_lm_warmup_steps=2,
                          synthetic=SyntheticRMData(num_train_problems=6, num_heldout_problems=3))
 
 
-@pytest.mark.parametrize("kind, readout", [(RMKind.prm, Readout.auto), (RMKind.orm, Readout.auto), (RMKind.prm, Readout.step_tag)])
-def test_a_few_training_steps_save_a_loadable_reward_model(kind, readout, tmp_path, tiny_model_dir, capsys):
+@pytest.fixture(scope="module")
+def trained_prm(tmp_path_factory):
+    out = tmp_path_factory.mktemp("prm")
+    return out, train_reward_model(tiny_run(RMKind.prm), out)
+
+
+def reward_on_one_solution(path, kind: RMKind, tiny_model_dir):
     from transformers import AutoTokenizer
 
     from rewards.build import build_reward_fn
     from rewards.types import RewardSample
 
-    info = train_reward_model(tiny_run(kind, readout), tmp_path)
-    saved = json.loads((tmp_path / "realm_rm.json").read_text())
-    assert saved["kind"] == kind.value and saved["metrics"] == info["metrics"]
-    assert 0.0 <= saved["metrics"]["final_accuracy"] <= 1.0
-    assert ("step_accuracy" in saved["metrics"]) == (kind == RMKind.prm)
-    assert "held-out" in capsys.readouterr().err  # progress lines
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     cfg = RewardConfig(kind=RewardKind(kind.value), refinement=Refinement.clip_delta if kind == RMKind.prm else Refinement.none,
-                       model=RewardModelConfig(path=str(tmp_path)))
-    reward = build_reward_fn(cfg, tok)
+                       model=RewardModelConfig(path=str(path)))
     text = "7 + 5 = 12\n\n12 * 3 = 36\n\nThe answer is \\boxed{36}."
-    out = reward([RewardSample("Start with 7. Add 5, then multiply by 3. What is the result?", "36", "math", "", text,
-                               tok(text).input_ids + [tok.eos_token_id])])
+    out = build_reward_fn(cfg, tok)([RewardSample("Start with 7. Add 5, then multiply by 3. What is the result?", "36",
+                                                  "math", "", text, tok(text).input_ids + [tok.eos_token_id])])
     assert out.success.tolist() == [1.0] and out.num_steps.tolist() == [3]
-    if kind == RMKind.prm:
-        assert len(out.step_scores[0]) == 3 and all(0.0 <= c <= 1.0 for c in out.step_scores[0])
-    else:
+    return out
+
+
+def test_a_few_training_steps_save_a_loadable_prm(trained_prm, tiny_model_dir):
+    path, info = trained_prm
+    saved = json.loads((path / "realm_rm.json").read_text())
+    assert saved["kind"] == "prm" and saved["readout"] == "value_head" and saved["metrics"] == info["metrics"]
+    assert 0.0 <= saved["metrics"]["step_accuracy"] <= 1.0 and 0.0 <= saved["metrics"]["final_accuracy"] <= 1.0
+    out = reward_on_one_solution(path, RMKind.prm, tiny_model_dir)
+    assert len(out.step_scores[0]) == 3 and all(0.0 <= c <= 1.0 for c in out.step_scores[0])
+
+
+@pytest.mark.parametrize("kind, readout", [(RMKind.orm, Readout.auto), (RMKind.prm, Readout.step_tag)])
+def test_orm_and_step_tag_prm_train_and_load(kind, readout, tmp_path, tiny_model_dir, capsys):
+    info = train_reward_model(tiny_run(kind, readout), tmp_path)
+    assert "held-out" in capsys.readouterr().err  # progress lines
+    assert ("step_accuracy" in info["metrics"]) == (kind == RMKind.prm)
+    out = reward_on_one_solution(tmp_path, kind, tiny_model_dir)
+    if kind == RMKind.orm:
         assert 0.0 <= out.learned.item() <= 1.0
+    else:
+        assert len(out.step_scores[0]) == 3
 
 
-def test_trained_delimiter_must_match_the_reward_config(tmp_path, tiny_model_dir):
+def test_trained_delimiter_and_kind_must_match_the_reward_config(trained_prm, tiny_model_dir):
     from transformers import AutoTokenizer
 
     from rewards.build import build_reward_fn
     from rewards.models import RewardModelError
 
-    train_reward_model(tiny_run(RMKind.prm), tmp_path)
-    cfg = RewardConfig(kind=RewardKind.prm, step_delimiter="\n", model=RewardModelConfig(path=str(tmp_path)))
+    path, _ = trained_prm
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    cfg = RewardConfig(kind=RewardKind.prm, step_delimiter="\n", model=RewardModelConfig(path=str(path)))
     with pytest.raises(RewardModelError, match=r"set reward.step_delimiter='\\n\\n'"):
-        build_reward_fn(cfg, AutoTokenizer.from_pretrained(tiny_model_dir))
-    cfg = RewardConfig(kind=RewardKind.orm, model=RewardModelConfig(path=str(tmp_path)))
+        build_reward_fn(cfg, tok)
+    cfg = RewardConfig(kind=RewardKind.orm, model=RewardModelConfig(path=str(path)))
     with pytest.raises(RewardModelError, match="trained as a PRM"):
-        build_reward_fn(cfg, AutoTokenizer.from_pretrained(tiny_model_dir))
+        build_reward_fn(cfg, tok)
 
 
 def test_hydra_config_composes_to_the_builtin_defaults():
