@@ -21,6 +21,7 @@ set at import time because vLLM reads most of them when it is first imported.
 from __future__ import annotations
 
 import os
+import zlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,15 @@ def _reload_weights_on_worker(worker, weights: Iterable[tuple[str, torch.Tensor]
     return count
 
 
+CPU_MAX_NUM_BATCHED_TOKENS = 1 << 18
+
+
+def prompt_seed(seed: int, prompt_token_ids: Sequence[int]) -> int:
+    """A request seed from the call's seed and the prompt's tokens (stable across processes)."""
+    data = b",".join(str(int(t)).encode() for t in prompt_token_ids)
+    return (seed * 1_000_003 + zlib.crc32(data)) % (1 << 31)
+
+
 def has_tokenizer(model_dir: str | Path) -> bool:
     """True if ``model_dir`` holds tokenizer files transformers can load."""
     d = Path(model_dir)
@@ -138,11 +148,17 @@ class VLLMEngine:
         import vllm
         from vllm import LLM
 
-        # vLLM's CPU worker drops torch to 1 intra-op thread and replaces torch.set_num_threads with a
-        # no-op for the whole process (in-process engine); close() puts both back.
+        # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process and only
+        # then tries to drop torch to 1 intra-op thread for serving, so in-process the drop never
+        # happens. Do it first: measured on the shared 2-core machine (SmolLM2-135M, 16 prompts x 64
+        # tokens) 100-107 tokens/s with 1 thread against 13-42 with 2, whose OpenMP barriers stall
+        # whenever another process holds a core. An explicit OMP_NUM_THREADS is respected (as vLLM
+        # does). close() restores the thread count and torch.set_num_threads.
         self._torch_threads_before = torch.get_num_threads()
         self._set_num_threads = torch.set_num_threads
         on_gpu = torch.cuda.is_available()
+        if not on_gpu and "OMP_NUM_THREADS" not in os.environ:
+            torch.set_num_threads(1)
         kwargs: dict[str, Any] = dict(
             model=str(model_dir),
             tokenizer=str(tokenizer_dir),
@@ -154,6 +170,10 @@ class VLLMEngine:
         )
         if on_gpu:
             kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+        else:
+            # Seeded requests on vLLM-CPU crash when chunked prefill splits them ("CPU Generator does
+            # not use offset"); a token budget this large keeps every prefill in one step.
+            kwargs["max_num_batched_tokens"] = max(CPU_MAX_NUM_BATCHED_TOKENS, max_model_len)
         kwargs.update(llm_kwargs)
         # On CPU the KV cache is VLLM_CPU_KVCACHE_SPACE GiB (it overrides kv_cache_memory_bytes); it
         # bounds how many sequences run at once, so long batched generations may need more than 1.
@@ -208,8 +228,10 @@ class VLLMEngine:
         """For each prompt, ``n`` completions.
 
         ``prompts``: formatted strings or token-id lists. ``temperature=0`` is greedy (then top_p
-        is ignored). ``seed`` (default: the engine's seed) seeds each request's own generator, so a
-        prompt's samples do not depend on which other prompts share the batch.
+        is ignored). ``seed`` (default: the engine's seed) and the prompt's own content seed each
+        request's generator: a prompt's samples do not depend on which other prompts share the
+        batch, and different prompts do not share random numbers (one seed for all would make
+        sample j of every prompt draw the same noise).
         """
         from vllm import SamplingParams
 
@@ -218,16 +240,21 @@ class VLLMEngine:
         if not prompts:
             return []
         greedy = temperature <= 0
-        params = SamplingParams(
-            n=n,
-            temperature=0.0 if greedy else temperature,
-            top_p=1.0 if greedy else top_p,
-            max_tokens=max_new_tokens,
-            seed=self.seed if seed is None else seed,
-            logprobs=0 if logprobs else None,
-            stop=list(stop) if stop else None,
-        )
-        outputs = self.llm.generate(self._token_prompts(prompts), params, use_tqdm=False)
+        base_seed = self.seed if seed is None else seed
+        token_prompts = self._token_prompts(prompts)
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=0.0 if greedy else temperature,
+                top_p=1.0 if greedy else top_p,
+                max_tokens=max_new_tokens,
+                seed=prompt_seed(base_seed, prompt["prompt_token_ids"]),
+                logprobs=0 if logprobs else None,
+                stop=list(stop) if stop else None,
+            )
+            for prompt in token_prompts
+        ]
+        outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
         return [[self._completion(c, logprobs) for c in out.outputs] for out in outputs]
 
     @staticmethod

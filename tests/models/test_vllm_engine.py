@@ -112,3 +112,12 @@ def test_generate_fn_adapter_and_bad_input(engine, prompt, tmp_path):
     (tmp_path / "config.json").write_text("{}")
     with pytest.raises(FileNotFoundError, match="no tokenizer files.*tokenizer_dir"):
         VLLMEngine(tmp_path)
+
+
+def test_prompts_in_one_call_do_not_share_random_numbers(engine):
+    """One seed for a batch must not give every prompt the same noise (PPO rollouts would correlate)."""
+    tok = engine.tokenizer
+    prompts = [tok.encode(f"Start with {k}. Add 1.", add_special_tokens=False) for k in range(8)]
+    outs = engine.generate(prompts, n=2, temperature=1.0, max_new_tokens=16, seed=0)
+    firsts = {c.token_ids[:4] for o in outs for c in o}
+    assert len(firsts) > 8
