@@ -118,19 +118,11 @@ def _prepare_run_dir(run_dir: Path, key: dict[str, Any], resume: bool) -> None:
     write_json(config_path, key)
 
 
-def run_eval(cfg: EvalConfig) -> Path:
-    """Evaluate ``cfg.model`` on ``cfg.data`` and write the run directory; returns its path."""
-    from transformers import AutoTokenizer
-
+def _problems_and_template(cfg: EvalConfig):
+    """The problems to evaluate and the prompt template (few-shot exemplars never evaluated)."""
     from eval.data import DataError, load_problems
-    from eval.evaluate import ResumeError, evaluate
     from eval.prompts import fewshot_source_for, load_template, with_fewshot
-    from eval.report import SAMPLES_FILE, write_report
-    from models.config import ModelSource
-    from models.registry import ModelNotAvailable, resolve_model_dir
-    from models.vllm_engine import has_tokenizer
 
-    t_start = time.monotonic()
     try:
         problems = load_problems(cfg.data.name, limit=cfg.data.limit, seed=cfg.data.seed, synthetic_split="heldout")
         template = load_template(cfg.prompt or cfg.data.prompt)
@@ -138,37 +130,62 @@ def run_eval(cfg: EvalConfig) -> Path:
             source = cfg.fewshot_source or fewshot_source_for(cfg.data.name)
             template = with_fewshot(template, source, cfg.num_fewshot, seed=cfg.data.seed)
             exemplars = {q for q, _ in template.fewshot}
-            problems = [p for p in problems if p.question not in exemplars]  # never test on a shown exemplar
+            problems = [p for p in problems if p.question not in exemplars]
     except (DataError, ValueError) as e:
         raise EvalError(str(e)) from None
+    return problems, template
 
-    model_cfg = cfg.model
-    if model_cfg.source == ModelSource.hf and model_cfg.name == "tiny" and model_cfg.path:
+
+def _model_and_tokenizer(cfg: EvalConfig) -> tuple[EvalConfig, Path, Path]:
+    """(cfg with the model named, model directory, tokenizer directory), with actionable errors."""
+    from models.config import ModelSource
+    from models.registry import ModelNotAvailable, resolve_model_dir
+    from models.vllm_engine import has_tokenizer
+
+    if cfg.model.source == ModelSource.hf and cfg.model.name == "tiny" and cfg.model.path:
         # `model.source=hf model.path=DIR` without a name: call the run after the directory.
-        model_cfg = dataclasses.replace(model_cfg, name=Path(model_cfg.path).name or "model")
-        cfg = dataclasses.replace(cfg, model=model_cfg)
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=Path(cfg.model.path).name or "model"))
     try:
-        model_dir = resolve_model_dir(model_cfg)
+        model_dir = resolve_model_dir(cfg.model)
     except ModelNotAvailable as e:
         raise EvalError(str(e)) from None
     tokenizer_dir = Path(cfg.tokenizer) if cfg.tokenizer else model_dir
     if not has_tokenizer(tokenizer_dir):
         raise EvalError(f"{tokenizer_dir} has no tokenizer (no tokenizer.json / tokenizer_config.json / tokenizer.model); "
                         "pass tokenizer=/path/to/the/base/model")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    model_len = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", cfg.max_model_len)
-    max_model_len = min(cfg.max_model_len, int(model_len))
+    return cfg, model_dir, tokenizer_dir
+
+
+def _max_prompt_tokens(problems, template, tokenizer, max_model_len: int) -> int:
+    """The longest prompt in tokens; every prompt must leave room in the context."""
     try:
-        prompt_example = template.render("{question}", tokenizer)
-        prompt_lengths = {p.id: len(tokenizer.encode(template.render(p.question, tokenizer), add_special_tokens=False))
-                          for p in problems}
-    except ValueError as e:
+        lengths = {p.id: len(tokenizer.encode(template.render(p.question, tokenizer), add_special_tokens=False))
+                   for p in problems}
+    except ValueError as e:  # e.g. a chat template with a tokenizer that has none
         raise EvalError(str(e)) from None
-    too_long = [pid for pid, n in prompt_lengths.items() if n >= max_model_len]
-    max_prompt_tokens = max(prompt_lengths.values())
+    too_long = [pid for pid, n in lengths.items() if n >= max_model_len]
     if too_long:
         raise EvalError(f"{len(too_long)} prompts do not fit the context ({max_model_len} tokens), e.g. {too_long[:3]}; "
                         "raise max_model_len (up to the model's) or use fewer few-shot exemplars")
+    return max(lengths.values())
+
+
+def run_eval(cfg: EvalConfig) -> Path:
+    """Evaluate ``cfg.model`` on ``cfg.data`` and write the run directory; returns its path."""
+    from transformers import AutoTokenizer
+
+    from eval.evaluate import ResumeError, evaluate
+    from eval.report import SAMPLES_FILE, write_report
+
+    t_start = time.monotonic()
+    problems, template = _problems_and_template(cfg)
+    cfg, model_dir, tokenizer_dir = _model_and_tokenizer(cfg)
+    model_cfg = cfg.model
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    model_len = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", cfg.max_model_len)
+    max_model_len = min(cfg.max_model_len, int(model_len))
+    max_prompt_tokens = _max_prompt_tokens(problems, template, tokenizer, max_model_len)
+    prompt_example = template.render("{question}", tokenizer)
 
     kv_cache_gib = cfg.kv_cache_gib or auto_kv_cache_gib(
         model_dir, model_cfg.dtype, cfg.chunk_size * cfg.num_samples,
