@@ -130,12 +130,12 @@ def generate_problems(num_problems: int, seed: int = 0, difficulty: int = 2) -> 
     """``num_problems`` distinct problems (by question text), deterministic in (seed, difficulty)."""
     problems, seen, index = [], set(), 0
     while len(problems) < num_problems:
+        if index > 50 * num_problems + 1000:
+            raise ValueError(f"synthetic difficulty={difficulty} has fewer than {num_problems} distinct problems")
         problem, _, _ = make_problem(seed, index, difficulty)
         index += 1
         if problem.question in seen:
             continue
-        if index > 50 * num_problems + 1000:
-            raise ValueError(f"synthetic difficulty={difficulty} has fewer than {num_problems} distinct problems")
         seen.add(problem.question)
         problems.append(problem)
     return problems

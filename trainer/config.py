@@ -1,5 +1,9 @@
 """The root typed config. Hydra composes YAML onto this schema, so typos and bad values fail at start.
 
+The defaults are the built-in CPU run (`python train.py`): the tiny model, an SFT warm-up on the
+synthetic task, then PPO at a learning rate and batch that suit a 0.4M-parameter model. Runs on
+real models override them in one place: `configs/experiment/` (e.g. `experiment=qwen_math_1.5b`).
+
 After `train.py`, no code sees a DictConfig: components get their own plain dataclass.
 """
 from __future__ import annotations
@@ -35,8 +39,8 @@ class PPOConfig:
     clip_eps: float = 0.2
     value_clip_eps: float = 0.2
     gamma: float = 1.0
-    lam: float = 0.95
-    kl_coef: float = 0.05
+    lam: float = 1.0
+    kl_coef: float = 0.01
     """beta: every response token gets -beta * (log pi - log pi_ref)."""
     kl_controller: KLController = KLController.fixed
     kl_target: float = 0.1
@@ -44,8 +48,8 @@ class PPOConfig:
     whiten_advantages: bool = True
     entropy_coef: float = 0.0
     max_grad_norm: float = 1.0
-    actor_lr: float = 1e-5
-    critic_lr: float = 1e-5
+    actor_lr: float = 1e-4
+    critic_lr: float = 1e-3
     lr_schedule: LRSchedule = LRSchedule.constant
     num_warmup_iterations: int = 0
     weight_decay: float = 0.0
@@ -61,11 +65,11 @@ class PPOConfig:
 
 @dataclass
 class RolloutConfig:
-    num_prompts: int = 32
+    num_prompts: int = 64
     """Prompts per iteration."""
-    num_samples_per_prompt: int = 4
+    num_samples_per_prompt: int = 8
     max_prompt_tokens: int = 256
-    max_new_tokens: int = 64
+    max_new_tokens: int = 48
     temperature: float = 1.0
     top_p: float = 1.0
     system_prompt: str = ""
@@ -85,7 +89,7 @@ class CriticConfig:
 class SFTConfig:
     """Supervised warm-up on reference solutions before PPO (used by the tiny-model default run)."""
 
-    num_steps: int = 0
+    num_steps: int = 600
     batch_size: int = 32
     lr: float = 1e-3
 
@@ -94,11 +98,11 @@ class SFTConfig:
 class RunConfig:
     num_iterations: int = 20
     seed: int = 0
-    eval_every: int = 5
+    eval_every: int = 10
     """Held-out success every N iterations (0: only before and after training)."""
-    num_heldout_samples: int = 0
+    num_heldout_samples: int = 4
     """Sampled (temperature) held-out accuracy with this many samples per problem; 0 = greedy only."""
-    checkpoint_every: int = 5
+    checkpoint_every: int = 10
     resume: bool = True
     """Resume from the last complete checkpoint in the run directory if there is one."""
     num_logged_samples: int = 4

@@ -469,16 +469,30 @@ class RefWorker:
 def _full_state_dict(model: nn.Module, ranks: _Ranks, dtype: torch.dtype | None = None) -> dict[str, Tensor] | None:
     """Unsharded, HF-named CPU state dict on rank 0 (None on other ranks); collective when sharded.
 
-    TODO(reallocation): the trainer's sync switches to ``reallocation.sync.iter_full_weights``, which
-    streams buckets to the destination only; this gathers everything on rank 0.
+    Goes through the reallocation core (``reallocation.sync.iter_full_weights``): rank 0 keeps
+    its own FSDP shards and receives only the rest, bucket by bucket, instead of every rank
+    all-gathering every parameter. Tied weights appear under both names, as in ``state_dict()``.
     """
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from reallocation.sync import drain, iter_full_weights
 
     dtype = dtype or ranks.compute_dtype
-    if ranks.sharded:
-        state = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if ranks.rank != 0:
-            return None
-    else:
-        state = model.state_dict()
-    return {name: tensor.detach().to("cpu", dtype).clone() for name, tensor in state.items()}
+    weights = iter_full_weights(model, dst_rank=0, dtype=dtype)
+    if ranks.rank != 0:
+        drain(weights)
+        return None
+    state = {name: tensor.detach().to("cpu", dtype).clone() for name, tensor in weights}
+    # named_parameters() lists a tied parameter once; the HF state dict has it under every name.
+    for name, tensor in model.state_dict().items():
+        name = name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
+        if name not in state:
+            for other, value in state.items():
+                if value.shape == tuple(tensor.shape) and _same_storage(model, name, other):
+                    state[name] = value
+                    break
+    return state
+
+
+def _same_storage(model: nn.Module, a: str, b: str) -> bool:
+    """True if parameters ``a`` and ``b`` of ``model`` are one tensor (tied embeddings)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    return a in params and b in params and params[a] is params[b]

@@ -98,3 +98,8 @@ def test_corrupted_solutions_have_math_shepherd_labels():
         first_bad = s.step_labels.index(0)
         assert all(s.step_labels[:first_bad]) and not any(s.step_labels[first_bad:])
         assert s.final_label == 0 and s.steps[: first_bad] == sols[0].steps[: first_bad]
+
+
+def test_asking_for_more_synthetic_problems_than_exist_fails_fast():
+    with pytest.raises(ValueError, match="fewer than 2200 distinct problems"):
+        generate_problems(2200, seed=0, difficulty=1)
