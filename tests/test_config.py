@@ -74,3 +74,12 @@ def test_unknown_reward_option_names_it():
     with pytest.raises(Exception) as info:
         _compose(["+reward=prm_deltaa"])
     assert "prm_deltaa" in str(info.value)
+
+
+@pytest.mark.parametrize("reward", REWARDS)
+def test_experiments_compose_with_every_reward(reward):
+    mini = _compose(["experiment=mini_repro", f"+reward={reward}"])
+    assert mini.model.name == "tiny" and mini.run.num_iterations == 12
+    qwen = _compose(["experiment=qwen_math_1.5b", f"+reward={reward}"])
+    assert qwen.model.name == "qwen2.5-math-1.5b-instruct" and qwen.cluster.backend == "nccl"
+    assert qwen.data.name == "math_train" and qwen.ppo.actor_lr == 1e-6

@@ -107,7 +107,14 @@ def warm_start(cfg: TrainConfig, base_dir: Path, cluster, train: list[Problem]) 
         _log(f"[sft] reusing warm-up {target}")
         return target
     _log(f"[sft] warm-up: {cfg.sft.num_steps} steps on {len(train)} problems -> {target}")
-    return build_atomically(target, lambda d: run_sft(cfg, base_dir, train, d, log=_log))
+    # One intra-op thread: OpenMP threads that outnumber free cores spin and run several times
+    # slower (the Ray workers get OMP_NUM_THREADS=1 for the same reason).
+    num_threads = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    try:
+        return build_atomically(target, lambda d: run_sft(cfg, base_dir, train, d, log=_log))
+    finally:
+        torch.set_num_threads(num_threads)
 
 
 def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
@@ -279,6 +286,7 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
                 **{f"critic/{k}": v for k, v in critic_stats.items()},
                 **{f"time/{k}": v for k, v in times.items()},
             }
+            metrics.update({k: float(v) for k, v in rb.metrics.items() if k not in metrics})
             step_scores = [c for s in rb.step_scores for c in s]
             if step_scores:
                 metrics["reward/prm_step_score"] = sum(step_scores) / len(step_scores)
