@@ -6,7 +6,10 @@
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from trainer.config import register_configs
@@ -16,17 +19,20 @@ register_configs()
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from eval.data import DataError
+    from models.registry import ModelNotAvailable
     from trainer.compose import ConfigError, to_train_config
-    from trainer.loop import train
+    from trainer.loop import TrainingError, train
 
     try:
         typed = to_train_config(cfg)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}") from None
-    from hydra.core.hydra_config import HydraConfig
-    from pathlib import Path
-
-    train(typed, Path(HydraConfig.get().runtime.output_dir))
+    try:
+        train(typed, Path(HydraConfig.get().runtime.output_dir))
+    except (DataError, ModelNotAvailable, TrainingError) as e:
+        # Bad input, not a bug: one clear line; completed checkpoints are left as they are.
+        raise SystemExit(f"error: {e}") from None
 
 
 if __name__ == "__main__":
