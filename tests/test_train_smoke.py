@@ -36,7 +36,7 @@ def test_every_reward_option_trains_two_iterations(reward, tmp_path):
     last = _last_line(proc)
     assert last.startswith("held-out success: ") and " -> " in last
     rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows] == [1, 2]
+    assert [r["iteration"] for r in rows] == [0, 1, 2]  # 0: held-out success before training
     for key in ("reward/success", "reward/learned", "kl/mean", "actor/entropy", "actor/clip_frac",
                 "critic/loss", "response/length", "response/num_steps", "throughput/tokens_per_s", "time/generate"):
         assert key in rows[-1], key
@@ -53,7 +53,7 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
     _last_line(proc)
     assert "[resume] from" in proc.stdout and "at iteration 2" in proc.stdout
     rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in rows] == [1, 2, 3] and rows[:2] == first
+    assert [r["iteration"] for r in rows] == [0, 1, 2, 3] and rows[:3] == first
 
 
 @pytest.mark.slow

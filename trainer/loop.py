@@ -214,6 +214,8 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
             before = heldout_success(cfg.run.seed)["heldout/success"]
             _log(f"[eval] held-out success before training: {before:.3f} ({len(heldout)} problems)")
         writer = MetricsWriter(run_dir, resume_from_iteration=start if ckpt else None)
+        if ckpt is None:
+            writer.log(0, {"heldout/success": before})
         progress = Progress(cfg.run.num_iterations, start)
         last_eval: dict[str, float] = {"heldout/success": before}
 

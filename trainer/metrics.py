@@ -15,9 +15,9 @@ KEY_CURVES = (
     ("reward/learned", "learned reward (alpha * ORM/PRM)"),
     ("response/num_steps", "steps per response"),
     ("response/length", "response length (tokens)"),
-    ("kl/mean", "KL(pi || pi_ref) per token"),
+    ("kl/mean", "KL(pi || pi_ref) per response"),
     ("actor/entropy", "entropy"),
-    ("critic/value_loss", "value loss"),
+    ("critic/loss", "value loss"),
 )
 
 

@@ -47,6 +47,10 @@ def run_row(run: Path) -> dict[str, Any]:
         vals = [r[key] for r in rows if key in r]
         return statistics.fmean(vals) if vals else float("nan")
 
+    def first_of(key: str) -> float:
+        vals = [r[key] for r in rows if key in r]
+        return vals[0] if vals else float("nan")
+
     def last_of(key: str) -> float:
         vals = [r[key] for r in rows if key in r]
         return vals[-1] if vals else float("nan")
@@ -60,9 +64,9 @@ def run_row(run: Path) -> dict[str, Any]:
         "greedy_after": summary.get("heldout_after", last_of("heldout/success")),
         "sampled_after": last_of("heldout/sampled_success"),
         "steps_last": last_of("response/num_steps"),
-        "steps_first": rows[0].get("response/num_steps", float("nan")) if rows else float("nan"),
+        "steps_first": first_of("response/num_steps"),
         "length_last": last_of("response/length"),
-        "length_first": rows[0].get("response/length", float("nan")) if rows else float("nan"),
+        "length_first": first_of("response/length"),
         "success_mean": mean_of("reward/success"),
         "learned_mean": mean_of("reward/learned"),
         "learned_last": last_of("reward/learned"),
@@ -116,8 +120,6 @@ def _plot(runs: list[Path], rows: list[dict[str, Any]], path: Path) -> Path:
         for ax, (key, title) in zip(axes.flat, panels):
             xs = [m["iteration"] for m in metrics if key in m]
             ys = [m[key] for m in metrics if key in m]
-            if key == "heldout/success" and row["greedy_before"] == row["greedy_before"]:
-                xs, ys = [0, *xs], [row["greedy_before"], *ys]
             ax.plot(xs, ys, marker="o", markersize=2.5, color=colors.get(row["reward"]),
                     label=f"{row['reward']} (seed {row['seed']})")
             ax.set_title(title, fontsize=10)
