@@ -20,7 +20,7 @@ import bisect
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -111,18 +111,6 @@ def _dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-class ScoreReader(Protocol):
-    """Model outputs -> log-odds of 'good' at given token positions; the score is sigmoid(log-odds).
-
-    Training (rewards.train_rm) puts binary cross-entropy on the same log-odds, so a model is trained
-    through exactly the code that reads it.
-    """
-
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
-        """ids, mask [B, L]; rows, cols [N] positions to read -> [N] log-odds."""
-        ...
-
-
 def _log_odds(logits: torch.Tensor) -> torch.Tensor:
     """[N, 1] -> the logit; [N, 2] -> l_1 - l_0, so sigmoid gives softmax(.)[:, 1] (class 1 = good).  -> [N]"""
     logits = logits.float()
@@ -134,38 +122,42 @@ def _log_odds(logits: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class ValueHeadReader:
-    model: Any  # *ForTokenClassification
+class ScoreReader:
+    """A reward model's transformer body plus a head: log-odds of 'good' at given token positions.
 
-    def __call__(self, input_ids, attention_mask, rows, cols):
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, L, num_labels]
-        return _log_odds(logits[rows, cols])
+    The score is sigmoid(log-odds). Training (rewards.train_rm) puts binary cross-entropy on the same
+    log-odds, so a model is trained through exactly the code that reads it. The head runs on the read
+    positions only, which is what the HF *ForTokenClassification / *ForSequenceClassification heads
+    compute there (a sequence classifier pools the last token; here the last token is a read position).
+    """
 
+    model: Any
+    head: Callable[[torch.Tensor], torch.Tensor]
+    """[N, H] final hidden states -> [N] log-odds."""
 
-@dataclass
-class StepTagReader:
-    model: Any  # *ForCausalLM
-    good_id: int
-    bad_id: int
+    def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """ids, mask [B, L] -> [B, L, H] final (normed) hidden states."""
+        return self.model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-    def __call__(self, input_ids, attention_mask, rows, cols):
-        # Only two vocabulary rows are needed: skip the [B, L, vocab] logits (large for real vocabularies).
-        hidden = self.model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+        """ids, mask [B, L]; rows, cols [N] positions to read -> [N] log-odds."""
+        return self.head(self.hidden(input_ids, attention_mask)[rows, cols])
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[..., H] -> [..., vocab] next-token logits: the LM head, or the tied input embeddings for a
+        classifier (used only by train_rm's auxiliary LM loss)."""
         head = self.model.get_output_embeddings()
-        pair = torch.tensor([self.bad_id, self.good_id], device=hidden.device)
-        logits = hidden[rows, cols] @ head.weight[pair].T  # [N, 2]: (bad, good)
-        if getattr(head, "bias", None) is not None:
-            logits = logits + head.bias[pair]
-        return _log_odds(logits)  # log P(good) - log P(bad)
+        if head is not None:
+            return head(hidden)
+        return hidden @ self.model.get_input_embeddings().weight.T
 
 
-@dataclass
-class SequenceHeadReader:
-    model: Any  # *ForSequenceClassification: pools at the rightmost non-pad token itself
-
-    def __call__(self, input_ids, attention_mask, rows, cols):
-        logits = self.model(input_ids=input_ids, attention_mask=attention_mask).logits  # [B, num_labels]
-        return _log_odds(logits[rows])
+def _classifier(model) -> Any:
+    for name in ("score", "classifier"):
+        head = getattr(model, name, None)
+        if isinstance(head, torch.nn.Module):
+            return head
+    raise RewardModelError(f"{type(model).__name__} has no 'score' or 'classifier' head")
 
 
 class RewardModel:
@@ -239,11 +231,20 @@ def auto_model_class(readout: Readout):
 def make_reader(model, readout: Readout, tokenizer=None, good_token: str = "+", bad_token: str = "-") -> ScoreReader:
     """The log-odds reader for a loaded model (shared by scoring and training)."""
     if readout == Readout.step_tag:
-        return StepTagReader(model, _single_token(tokenizer, good_token, "good_token"), _single_token(tokenizer, bad_token, "bad_token"))
-    if readout == Readout.value_head:
-        return ValueHeadReader(model)
-    if readout == Readout.seq_cls:
-        return SequenceHeadReader(model)
+        # Only two vocabulary rows are needed: never the [B, L, vocab] logits (large for real vocabularies).
+        pair = [_single_token(tokenizer, bad_token, "bad_token"), _single_token(tokenizer, good_token, "good_token")]
+        lm_head = model.get_output_embeddings()
+
+        def tag_head(hidden: torch.Tensor) -> torch.Tensor:
+            logits = hidden @ lm_head.weight[pair].T  # [N, 2]: (bad, good)
+            if getattr(lm_head, "bias", None) is not None:
+                logits = logits + lm_head.bias[pair]
+            return _log_odds(logits)  # log P(good) - log P(bad)
+
+        return ScoreReader(model, tag_head)
+    if readout in (Readout.value_head, Readout.seq_cls):
+        classifier = _classifier(model)
+        return ScoreReader(model, lambda hidden: _log_odds(classifier(hidden)))
     raise RewardModelError(f"readout {readout} must be resolved before building a reader")
 
 

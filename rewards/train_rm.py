@@ -12,7 +12,8 @@ held-out step-label and final-label accuracies.
 
 Training uses the reward model's own reader (``rewards.models.make_reader``) on the same RM inputs
 (``rewards.models.rm_input``) as scoring does, so what is trained is what is read. The loss is binary
-cross-entropy on the log-odds at every step end (PRM) or at the last token (ORM).
+cross-entropy on the log-odds at every step end (PRM) or at the last token (ORM), plus
+``lm_loss_weight`` times a next-token loss on the correct solutions (see that field for why).
 
 ``builtin:synthetic-prm`` / ``builtin:synthetic-orm`` are this script with its defaults (kind set):
 trained on first use into ``models.registry.cache_root()/reward_models/``, atomically, keyed by a
@@ -25,7 +26,6 @@ import hashlib
 import json
 import math
 import random
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -85,13 +85,14 @@ class RMTrainConfig:
     """step_tag readout only: appended after every step."""
     good_token: str = "+"
     bad_token: str = "-"
-    num_lm_warmup_steps: int = 800
-    """First train the backbone as a causal LM on the correct solutions in the training data (response
-    tokens only), then the reward head. A from-scratch tiny model cannot check arithmetic from sparse
-    step labels within minutes; as an LM it learns to compute the next step, which is what a verifier
-    needs (real PRMs start from a pretrained math LM for the same reason). 0: start from the backbone."""
-    lm_warmup_lr: float = 1e-3
-    num_steps: int = 500
+    lm_loss_weight: float = 1.0
+    """Weight of an auxiliary next-token loss on the response tokens of the correct solutions in each batch
+    (the classifiers predict tokens through their tied input embeddings). A from-scratch tiny model
+    does not learn to check arithmetic from sparse step labels within minutes (held-out step accuracy
+    stays near the majority baseline); learning to compute the next step at the same time is what makes
+    a verifier possible (real PRMs start from a pretrained math LM for the same reason). Set 0 for a
+    backbone that already knows the domain."""
+    num_steps: int = 1000
     batch_size: int = 32
     lr: float = 1e-3
     weight_decay: float = 0.01
@@ -219,6 +220,8 @@ class Encoded:
     labels: list[float]
     source: str
     final_label: int
+    lm_start: int | None = None
+    """First response token of a correct solution (the auxiliary LM loss trains on tokens from here); else None."""
 
 
 def encode(cfg: RMTrainConfig, tokenizer, examples: Sequence[RMExample]) -> list[Encoded]:
@@ -238,8 +241,33 @@ def encode(cfg: RMTrainConfig, tokenizer, examples: Sequence[RMExample]) -> list
             text, _ = rm_input(RMFormat(cfg.question_template), ex.question, [Step("".join(s.text for s in steps), "")])
             ids, _ = encode_with_reads(tokenizer, text, [], cfg.max_length)
             reads, labels = [len(ids) - 1], [float(ex.final_label)]
-        out.append(Encoded(ids, reads, labels, ex.source, int(ex.final_label if ex.final_label is not None else ex.step_labels[-1])))
+        lm_start = None
+        if is_correct_solution(ex):
+            prefix = cfg.question_template.replace("{question}", ex.question)
+            _, (last_prefix_token,) = encode_with_reads(tokenizer, text, [len(prefix)], cfg.max_length)
+            lm_start = last_prefix_token + 1 if last_prefix_token + 1 < len(ids) else None
+        out.append(Encoded(ids, reads, labels, ex.source, int(ex.final_label if ex.final_label is not None else ex.step_labels[-1]),
+                           lm_start))
     return out
+
+
+def lm_loss(reader, hidden: torch.Tensor, ids: torch.Tensor, batch: Sequence[Encoded]) -> torch.Tensor:
+    """Mean next-token NLL over the response tokens of the batch's correct solutions (0 if none).
+
+    hidden [B, L, H], ids [B, L]: position t predicts token t + 1. Read positions are left out: a
+    step-tag PRM reads its good/bad logits there.
+    """
+    rows, cols = [], []
+    for b, e in enumerate(batch):
+        if e.lm_start is not None:
+            positions = [t for t in range(e.lm_start - 1, len(e.ids) - 1) if t not in e.reads]
+            rows += [b] * len(positions)
+            cols += positions
+    if not rows:
+        return hidden.new_zeros(())
+    rows_t, cols_t = torch.tensor(rows, device=ids.device), torch.tensor(cols, device=ids.device)
+    logits = reader.lm_logits(hidden[rows_t, cols_t])  # [M, vocab]
+    return torch.nn.functional.cross_entropy(logits.float(), ids[rows_t, cols_t + 1])
 
 
 def collate(batch: Sequence[Encoded], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -308,55 +336,8 @@ def evaluate(reader, data: Sequence[Encoded], pad_id: int, kind: RMKind, device:
 
 
 def is_correct_solution(ex: RMExample) -> bool:
-    """Every step good and the final answer right: what the LM warm-up imitates."""
+    """Every step good and the final answer right: the text the auxiliary LM loss imitates."""
     return ex.final_label == 1 and (ex.step_labels is None or all(ex.step_labels))
-
-
-def warm_up_lm(cfg: RMTrainConfig, backbone_dir: Path, tokenizer, examples: Sequence[RMExample], started: float):
-    """The backbone after ``num_lm_warmup_steps`` of next-token training on correct solutions.
-
-    The loss is the mean NLL of the response tokens (the RM input after the question template), as in
-    an SFT warm-up of a policy; the question is context only.
-    """
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(backbone_dir).to(cfg.device)
-    data = []
-    for ex in examples:
-        if not is_correct_solution(ex):
-            continue
-        prefix = cfg.question_template.replace("{question}", ex.question)
-        text = prefix + cfg.step_delimiter.join(ex.steps)
-        ids, (start,) = encode_with_reads(tokenizer, text, [len(prefix)], cfg.max_length)
-        data.append((ids, start + 1))  # loss on the tokens after the prefix's last token
-    if not data:
-        raise ValueError("num_lm_warmup_steps > 0 but the training data has no correct solutions to learn from")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lm_warmup_lr, weight_decay=0.0)
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    rng = random.Random(cfg.seed + 1)
-    model.train()
-    running: list[float] = []
-    for step in range(cfg.num_lm_warmup_steps):
-        batch = [data[i] for i in rng.sample(range(len(data)), min(cfg.batch_size, len(data)))]
-        width = max(len(ids) for ids, _ in batch)
-        input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        labels = torch.full((len(batch), width), -100, dtype=torch.long)  # -100: not trained on
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for b, (ids, first) in enumerate(batch):
-            input_ids[b, : len(ids)] = torch.tensor(ids)
-            labels[b, first : len(ids)] = torch.tensor(ids[first:])
-            mask[b, : len(ids)] = 1
-        loss = model(input_ids=input_ids.to(cfg.device), attention_mask=mask.to(cfg.device), labels=labels.to(cfg.device)).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        running.append(loss.item())
-        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.num_lm_warmup_steps:
-            _log(f"LM warm-up: step {step + 1}/{cfg.num_lm_warmup_steps} loss {sum(running) / len(running):.4f} "
-                 f"on {len(data)} correct solutions ({time.time() - started:.0f} s)")
-            running = []
-    return model
 
 
 def _accuracies(metrics: dict[str, Any]) -> str:
@@ -382,14 +363,8 @@ def train_reward_model(cfg: RMTrainConfig, output_dir: Path | str | None = None)
          f"({time.time() - started:.0f} s)")
 
     readout = cfg.resolved_readout
-    start_dir = backbone_dir
-    if cfg.num_lm_warmup_steps > 0:
-        warm = warm_up_lm(cfg, backbone_dir, tokenizer, train_examples, started)
-        start_dir = output_dir / "lm-warmup"  # the head is attached on load; removed after the RM is saved
-        warm.save_pretrained(start_dir)
-        del warm
     extra = {"num_labels": 1} if readout != Readout.step_tag else {}
-    model = auto_model_class(readout).from_pretrained(start_dir, **extra).to(cfg.device)
+    model = auto_model_class(readout).from_pretrained(backbone_dir, **extra).to(cfg.device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if model.config.pad_token_id is None:
         model.config.pad_token_id = pad_id
@@ -408,9 +383,11 @@ def train_reward_model(cfg: RMTrainConfig, output_dir: Path | str | None = None)
             order += rng.sample(range(len(train)), len(train))
         batch = [train[i] for i in order[: cfg.batch_size]]
         del order[: cfg.batch_size]
-        ids, mask, rows, cols, labels = collate(batch, pad_id)
-        log_odds = reader(ids.to(cfg.device), mask.to(cfg.device), rows.to(cfg.device), cols.to(cfg.device))
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(log_odds, labels.to(cfg.device))
+        ids, mask, rows, cols, labels = (x.to(cfg.device) for x in collate(batch, pad_id))
+        hidden = reader.hidden(ids, mask)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(reader.head(hidden[rows, cols]), labels)
+        if cfg.lm_loss_weight > 0:
+            loss = loss + cfg.lm_loss_weight * lm_loss(reader, hidden, ids, batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -432,8 +409,6 @@ def train_reward_model(cfg: RMTrainConfig, output_dir: Path | str | None = None)
          f"final {metrics['final_majority_baseline']:.3f}) ({seconds:.0f} s)")
 
     output_dir.mkdir(parents=True, exist_ok=True)
-    if start_dir != backbone_dir:
-        shutil.rmtree(start_dir)
     model.save_pretrained(output_dir)
     tokenizer.save_pretrained(output_dir)
     info = {

@@ -90,8 +90,34 @@ def test_synthetic_examples_are_labelled_by_the_grader():
 
 
 def tiny_run(kind: RMKind, readout: Readout = Readout.auto) -> RMTrainConfig:
-    return RMTrainConfig(kind=kind, readout=readout, num_steps=3, batch_size=8, num_warmup_steps=1, log_every=2, num_lm_warmup_steps=2,
+    return RMTrainConfig(kind=kind, readout=readout, num_steps=3, batch_size=8, num_warmup_steps=1, log_every=2,
                          synthetic=SyntheticRMData(num_train_problems=6, num_heldout_problems=3))
+
+
+def test_auxiliary_lm_loss_is_the_causal_lm_loss_on_response_tokens(tiny_model_dir):
+    """For a step-tag PRM (a causal LM), lm_loss equals HF's own loss with the question and the
+    tag read positions masked out."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rewards.models import make_reader
+    from rewards.train_rm import encode, lm_loss
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    cfg = RMTrainConfig(readout=Readout.step_tag)
+    [e] = encode(cfg, tok, [RMExample("Start with 7. Add 5.", ("7 + 5 = 12", "The answer is \\boxed{12}."), (1, 1), 1)])
+    question_tokens = len(tok("Start with 7. Add 5.\n\n").input_ids)
+    assert e.lm_start == question_tokens and len(e.reads) == 2
+    ids = torch.tensor([e.ids])
+    reader = make_reader(model, Readout.step_tag, tok)
+    with torch.no_grad():
+        ours = lm_loss(reader, reader.hidden(ids, torch.ones_like(ids)), ids, [e])
+        labels = ids.clone()
+        labels[0, : e.lm_start] = -100
+        labels[0, [r + 1 for r in e.reads if r + 1 < len(e.ids)]] = -100  # the token after a read position
+        expected = model(input_ids=ids, labels=labels).loss
+    assert ours.item() == pytest.approx(expected.item(), rel=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -169,3 +195,36 @@ def test_hydra_config_composes_to_the_builtin_defaults():
     assert config_key(prm) == config_key(builtin_config("builtin:synthetic-prm"))
     assert config_key(orm) == config_key(builtin_config("builtin:synthetic-orm"))
     assert config_key(prm) != config_key(orm)
+
+
+@pytest.mark.slow
+def test_cli_trains_into_output_dir(tmp_path):
+    """`python -m rewards.train_rm` end to end (a small run), as a user types it."""
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    out = tmp_path / "orm"
+    result = subprocess.run(
+        [sys.executable, "-m", "rewards.train_rm", "kind=orm", f"output_dir={out}", "num_steps=5",
+         "synthetic.num_train_problems=20", "synthetic.num_heldout_problems=5", f"hydra.run.dir={tmp_path / 'hydra'}"],
+        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "[train_rm]" in result.stderr and '"final_accuracy"' in result.stdout
+    assert (out / "realm_rm.json").exists() and (out / "config.json").exists() and (out / "tokenizer.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", ["builtin:synthetic-prm", "builtin:synthetic-orm"])
+def test_builtin_reward_models_train_on_first_use_and_beat_the_baselines(path):
+    """The real built-ins (minutes): trained once into the cache, then reused; better than a constant."""
+    from rewards.train_rm import ensure_builtin
+
+    model_dir = ensure_builtin(path)
+    assert ensure_builtin(path) == model_dir and (model_dir / ".complete").exists()
+    metrics = json.loads((model_dir / "realm_rm.json").read_text())["metrics"]
+    assert metrics["final_accuracy"] > metrics["final_majority_baseline"]
+    if path.endswith("prm"):
+        assert metrics["step_accuracy"] > metrics["step_majority_baseline"]
