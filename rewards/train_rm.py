@@ -21,6 +21,7 @@ hash of the config.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import hashlib
 import json
@@ -93,14 +94,17 @@ class RMTrainConfig:
     a verifier possible (real PRMs start from a pretrained math LM for the same reason). Set 0 for a
     backbone that already knows the domain."""
     num_steps: int = 1000
-    batch_size: int = 32
-    lr: float = 1e-3
+    batch_size: int = 64
+    lr: float = 2e-3
     weight_decay: float = 0.01
     num_warmup_steps: int = 50
     max_length: int = 512
     seed: int = 0
-    log_every: int = 100
+    log_every: int = 200
     device: str = "cpu"
+    num_threads: int = 1
+    """torch CPU threads while training (0: torch's default). One thread: on a small machine shared with
+    other work (or a training run's other workers), more threads spin against each other and run slower."""
     output_dir: str = ""
     """Where to save; empty: the cache entry `builtin:synthetic-<kind>` resolves to (for synthetic data)."""
 
@@ -128,7 +132,7 @@ class RMTrainConfig:
 
 
 # Fields that do not change the trained model: left out of the cache key.
-_NOT_IN_KEY = ("output_dir", "device", "log_every")
+_NOT_IN_KEY = ("output_dir", "device", "log_every", "num_threads")
 
 
 def _plain(x: Any) -> Any:
@@ -296,42 +300,62 @@ def _lr_factor(step: int, cfg: RMTrainConfig) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
 
 
+def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
+    """Area under the ROC curve: the chance that a random positive outscores a random negative (ties
+    count half). 0.5 for a constant score, whatever the class balance; nan if one class is absent."""
+    positives = [s for s, y in zip(scores, labels) if y]
+    negatives = [s for s, y in zip(scores, labels) if not y]
+    if not positives or not negatives:
+        return float("nan")
+    ranked = sorted(negatives)
+    wins = sum(bisect.bisect_left(ranked, p) + 0.5 * (bisect.bisect_right(ranked, p) - bisect.bisect_left(ranked, p))
+               for p in positives)
+    return wins / (len(positives) * len(negatives))
+
+
 @torch.inference_mode()
 def evaluate(reader, data: Sequence[Encoded], pad_id: int, kind: RMKind, device: str, batch_size: int = 64) -> dict[str, Any]:
-    """Held-out accuracies at threshold 0.5.
+    """Held-out accuracies at threshold 0.5, with what a constant would get, and AUCs.
 
-    step_accuracy: every step's score vs its label (PRM). final_accuracy: the score at the last read
-    (the last step for a PRM, the response for an ORM) vs the final label. Majority-class baselines
-    beside them say what a constant model would get.
+    step_*: every step's score vs its label (PRM). final_*: the score at the last read (the last step
+    for a PRM, the response for an ORM) vs the final label. The majority baseline is the accuracy of
+    always answering the more common label; AUC is threshold-free (0.5 = no better than a constant).
     """
-    step_hits, finals, per_source = [], [], {}
+    step_scores: list[float] = []
+    step_labels: list[int] = []
+    final_scores: list[float] = []
+    final_labels = [e.final_label for e in data]
     for first in range(0, len(data), batch_size):
         batch = data[first : first + batch_size]
-        ids, mask, rows, cols, labels = collate(batch, pad_id)
-        scores = torch.sigmoid(reader(ids.to(device), mask.to(device), rows.to(device), cols.to(device))).cpu()
+        ids, mask, rows, cols, _ = collate(batch, pad_id)
+        scores = torch.sigmoid(reader(ids.to(device), mask.to(device), rows.to(device), cols.to(device))).cpu().tolist()
         position = 0
         for e in batch:
-            s = scores[position : position + len(e.reads)]
+            mine = scores[position : position + len(e.reads)]
             position += len(e.reads)
-            hits = [(float(x) >= 0.5) == (y >= 0.5) for x, y in zip(s.tolist(), e.labels)]
-            final_hit = (float(s[-1]) >= 0.5) == bool(e.final_label)
-            finals.append(final_hit)
-            if kind == RMKind.prm:
-                step_hits += hits
-            per_source.setdefault(e.source, []).append(final_hit)
-    all_step_labels = [y for e in data for y in e.labels] if kind == RMKind.prm else []
-    all_final = [e.final_label for e in data]
+            final_scores.append(mine[-1])
+            step_scores += mine
+            step_labels += [int(y >= 0.5) for y in e.labels]
+
+    def accuracy(scores: Sequence[float], labels: Sequence[int]) -> float:
+        return sum((s >= 0.5) == bool(y) for s, y in zip(scores, labels)) / len(labels)
+
+    def majority(labels: Sequence[int]) -> float:
+        return max(sum(labels), len(labels) - sum(labels)) / len(labels)
+
+    by_source: dict[str, list[int]] = {}
+    for e, s in zip(data, final_scores):
+        by_source.setdefault(e.source, []).append(int((s >= 0.5) == bool(e.final_label)))
     metrics: dict[str, Any] = {
-        "final_accuracy": sum(finals) / len(finals),
-        "final_majority_baseline": max(sum(all_final), len(all_final) - sum(all_final)) / len(all_final),
+        "final_accuracy": accuracy(final_scores, final_labels),
+        "final_majority_baseline": majority(final_labels),
+        "final_auc": auc(final_scores, final_labels),
         "num_heldout_responses": len(data),
-        "final_accuracy_by_source": {k: sum(v) / len(v) for k, v in sorted(per_source.items())},
+        "final_accuracy_by_source": {k: sum(v) / len(v) for k, v in sorted(by_source.items())},
     }
     if kind == RMKind.prm:
-        ones = sum(1 for y in all_step_labels if y >= 0.5)
-        metrics.update(step_accuracy=sum(step_hits) / len(step_hits),
-                       step_majority_baseline=max(ones, len(all_step_labels) - ones) / len(all_step_labels),
-                       num_heldout_steps=len(step_hits))
+        metrics.update(step_accuracy=accuracy(step_scores, step_labels), step_majority_baseline=majority(step_labels),
+                       step_auc=auc(step_scores, step_labels), num_heldout_steps=len(step_labels))
     return metrics
 
 
@@ -341,17 +365,26 @@ def is_correct_solution(ex: RMExample) -> bool:
 
 
 def _accuracies(metrics: dict[str, Any]) -> str:
-    keys = ("step_accuracy", "final_accuracy")
+    keys = ("step_accuracy", "step_auc", "final_accuracy", "final_auc")
     return ", ".join(f"{k} {metrics[k]:.3f}" for k in keys if k in metrics)
 
 
 def train_reward_model(cfg: RMTrainConfig, output_dir: Path | str | None = None) -> dict[str, Any]:
     """Train, evaluate on the held-out split, save to ``output_dir``; returns the saved realm_rm.json."""
+    threads = torch.get_num_threads()
+    if cfg.num_threads > 0:
+        torch.set_num_threads(cfg.num_threads)
+    try:
+        return _train(cfg, Path(output_dir or cfg.output_dir or default_output_dir(cfg)))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(cfg: RMTrainConfig, output_dir: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from models.registry import resolve_model_dir
 
-    output_dir = Path(output_dir or cfg.output_dir or default_output_dir(cfg))
     name = f"{cfg.kind.value} ({cfg.resolved_readout.value}, data={cfg.data})"
     started = time.time()
     torch.manual_seed(cfg.seed)
@@ -404,9 +437,10 @@ def train_reward_model(cfg: RMTrainConfig, output_dir: Path | str | None = None)
     model.eval()
     metrics = evaluate(reader, heldout, pad_id, cfg.kind, cfg.device)
     seconds = time.time() - started
+    baselines = ", ".join(f"{k.split('_')[0]} {metrics[k]:.3f}" for k in ("step_majority_baseline", "final_majority_baseline")
+                          if k in metrics)
     _log(f"{name}: step {cfg.num_steps}/{cfg.num_steps} loss {sum(running) / max(len(running), 1):.4f} "
-         f"held-out {_accuracies(metrics)} (baselines: step {metrics.get('step_majority_baseline', float('nan')):.3f}, "
-         f"final {metrics['final_majority_baseline']:.3f}) ({seconds:.0f} s)")
+         f"held-out {_accuracies(metrics)} (majority baselines: {baselines}) ({seconds:.0f} s)")
 
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir)

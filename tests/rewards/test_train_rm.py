@@ -228,3 +228,11 @@ def test_builtin_reward_models_train_on_first_use_and_beat_the_baselines(path):
     assert metrics["final_accuracy"] > metrics["final_majority_baseline"]
     if path.endswith("prm"):
         assert metrics["step_accuracy"] > metrics["step_majority_baseline"]
+
+
+def test_auc_worked_example():
+    from rewards.train_rm import auc
+
+    # positives 0.9 and 0.3, negatives 0.8 and 0.1: 0.9 beats both, 0.3 beats only 0.1 -> 3 of 4 pairs.
+    assert auc([0.9, 0.8, 0.3, 0.1], [1, 0, 1, 0]) == 0.75
+    assert auc([0.5] * 4, [1, 0, 0, 0]) == 0.5  # a constant, whatever the balance
