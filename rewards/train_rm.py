@@ -18,6 +18,19 @@ cross-entropy on the log-odds at every step end (PRM) or at the last token (ORM)
 ``builtin:synthetic-prm`` / ``builtin:synthetic-orm`` are this script with its defaults (kind set):
 trained on first use into ``models.registry.cache_root()/reward_models/``, atomically, keyed by a
 hash of the config.
+
+Measured (``scripts/train_reward_models.sh``, 2-core CPU shared with other work, 1 thread, about 4
+minutes each; held-out: 200 problems, 800 responses, 2468 steps; deterministic for a given machine):
+
+    PRM  step accuracy 0.691 (majority 0.569, AUC 0.786)   final accuracy 0.656 (majority 0.699, AUC 0.666)
+    ORM                                                   final accuracy 0.691 (majority 0.699, AUC 0.678)
+
+These are weak verifiers: a 2-layer, 128-wide model separates good from bad steps (median score 0.58
+vs 0.40) but hardly carries an earlier slip forward to the final answer, so at threshold 0.5 its
+final verdict is no better than "always wrong". They behave like real PRMs where it matters for the
+reward-shaping experiments: repeating a correct step raises the raw PRM return (1.51 -> 2.82 for
+three repeats of step 1 on a held-out problem). More steps help (step AUC rises steadily with
+``num_steps``); so does a larger backbone, at a price on CPU.
 """
 from __future__ import annotations
 
@@ -387,7 +400,6 @@ def _train(cfg: RMTrainConfig, output_dir: Path) -> dict[str, Any]:
 
     name = f"{cfg.kind.value} ({cfg.resolved_readout.value}, data={cfg.data})"
     started = time.time()
-    torch.manual_seed(cfg.seed)
     backbone_dir = resolve_model_dir(cfg.backbone)
     tokenizer = AutoTokenizer.from_pretrained(backbone_dir)
     train_examples, heldout_examples = load_data(cfg)
@@ -397,6 +409,7 @@ def _train(cfg: RMTrainConfig, output_dir: Path) -> dict[str, Any]:
 
     readout = cfg.resolved_readout
     extra = {"num_labels": 1} if readout != Readout.step_tag else {}
+    torch.manual_seed(cfg.seed)  # here, not earlier: building the backbone on first use draws from torch's RNG too
     model = auto_model_class(readout).from_pretrained(backbone_dir, **extra).to(cfg.device)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if model.config.pad_token_id is None:

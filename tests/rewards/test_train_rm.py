@@ -218,16 +218,20 @@ def test_cli_trains_into_output_dir(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("path", ["builtin:synthetic-prm", "builtin:synthetic-orm"])
-def test_builtin_reward_models_train_on_first_use_and_beat_the_baselines(path):
-    """The real built-ins (minutes): trained once into the cache, then reused; better than a constant."""
+def test_builtin_reward_models_train_on_first_use_and_beat_a_constant(path):
+    """The real built-ins (minutes each): trained once into the cache, then reused.
+
+    They are weak verifiers (see the report in rewards/train_rm.py), but better than a constant:
+    AUC above 0.5, and the PRM's step accuracy above always answering the majority label.
+    """
     from rewards.train_rm import ensure_builtin
 
     model_dir = ensure_builtin(path)
     assert ensure_builtin(path) == model_dir and (model_dir / ".complete").exists()
     metrics = json.loads((model_dir / "realm_rm.json").read_text())["metrics"]
-    assert metrics["final_accuracy"] > metrics["final_majority_baseline"]
+    assert metrics["final_auc"] > 0.55
     if path.endswith("prm"):
-        assert metrics["step_accuracy"] > metrics["step_majority_baseline"]
+        assert metrics["step_auc"] > 0.7 and metrics["step_accuracy"] > metrics["step_majority_baseline"] + 0.05
 
 
 def test_auc_worked_example():
