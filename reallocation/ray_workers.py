@@ -46,16 +46,12 @@ class WorkerGroup:
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every rank with the same arguments; results in rank order."""
-        return ray.get([getattr(a, "run").remote(method, args, kwargs) for a in self.actors])
+        return ray.get([a.run.remote(method, args, kwargs) for a in self.actors])
 
     def call_each(self, method: str, per_rank_args: Sequence[tuple], **kwargs: Any) -> list[Any]:
         """Rank i runs ``method(*per_rank_args[i], **kwargs)``."""
         assert len(per_rank_args) == len(self.actors), (len(per_rank_args), len(self.actors))
         return ray.get([a.run.remote(method, args, kwargs) for a, args in zip(self.actors, per_rank_args)])
-
-    def call_async(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Like ``call`` but returns futures, so that phases of different groups can overlap."""
-        return [a.run.remote(method, args, kwargs) for a in self.actors]
 
     def kill(self) -> None:
         for a in self.actors:
@@ -76,10 +72,6 @@ class _Host:
 
     def run(self, method: str, args: tuple, kwargs: dict) -> Any:
         return getattr(self.worker, method)(*args, **kwargs)
-
-
-def get(futures: Any) -> Any:
-    return ray.get(futures)
 
 
 class RayCluster:

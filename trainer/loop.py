@@ -27,6 +27,7 @@ import torch
 from eval.data import Problem, load_problems
 from models.registry import build_atomically, cache_root, resolve_model_dir
 from trainer.checkpoint import atomic_write_text, latest_checkpoint, load_state, save_checkpoint
+from rewards.config import RewardKind
 from trainer.config import TrainConfig
 from trainer.metrics import MetricsWriter, Progress, plot_curves
 from trainer.rollout import Rollout, iteration_problems, pad_batch, prompt_ids, prompt_text, rollout_template
@@ -93,7 +94,7 @@ def check_fits(cfg: TrainConfig, model_dir: Path) -> None:
         )
 
 
-def warm_start(cfg: TrainConfig, base_dir: Path, cluster, train: list[Problem]) -> Path:
+def warm_start(cfg: TrainConfig, base_dir: Path, train: list[Problem]) -> Path:
     """The policy's starting weights: the base model, or a cached SFT warm-up of it."""
     if cfg.sft.num_steps <= 0:
         return base_dir
@@ -117,6 +118,19 @@ def warm_start(cfg: TrainConfig, base_dir: Path, cluster, train: list[Problem]) 
         torch.set_num_threads(num_threads)
 
 
+def resolve_reward_model_dir(cfg: TrainConfig) -> Path | None:
+    """Find (or train, for built-ins) the reward model in the driver before Ray starts, so that a
+    missing one fails at start with one message and a built-in is not trained inside an actor."""
+    if cfg.reward.kind == RewardKind.success:
+        return None
+    from rewards.build import RewardModelError, resolve_reward_model
+
+    try:
+        return resolve_reward_model(cfg.reward.model.path)
+    except RewardModelError as e:
+        raise TrainingError(str(e)) from None
+
+
 def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
@@ -137,11 +151,12 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
     prompts = {p.id: prompt_text(tokenizer, p.question, r.system_prompt, r.prompt_suffix) for p in train_problems + heldout}
     prompt_tokens = {pid: prompt_ids(tokenizer, text, r.max_prompt_tokens, f"problem {pid}") for pid, text in prompts.items()}
 
+    resolve_reward_model_dir(cfg)
     cl = cfg.cluster
     cluster = RayCluster.start(cl.address, cl.num_cpus, num_gpus=cl.num_gpus_per_node if not cl.address else 0)
     writer = None
     try:
-        policy_dir = warm_start(cfg, base_dir, cluster, train_problems)
+        policy_dir = warm_start(cfg, base_dir, train_problems)
         gpu = 1.0 if cl.backend == "nccl" else 0.0
         common = dict(backend=cl.backend, dtype=cfg.model.dtype, seed=cfg.run.seed)
         policy = cluster.group(PolicyWorker, cl.actor_num_ranks, dict(model_dir=str(policy_dir), ppo=cfg.ppo,
@@ -321,9 +336,9 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
                 save_checkpoint(ckpt_root, it + 1, state, write_parts)
             plot_curves(run_dir)
 
-        after = last_eval["heldout/success"] if cfg.run.num_iterations > start else before
-        if cfg.run.num_iterations <= start:
-            after = heldout_success(cfg.run.seed)["heldout/success"]
+        if start >= cfg.run.num_iterations:  # resumed a finished run: no iteration evaluated
+            last_eval = heldout_success(cfg.run.seed)
+        after = last_eval["heldout/success"]
         summary = {"heldout_before": before, "heldout_after": after, "run_dir": str(run_dir)}
         atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     finally:

@@ -473,7 +473,7 @@ def _full_state_dict(model: nn.Module, ranks: _Ranks, dtype: torch.dtype | None 
     its own FSDP shards and receives only the rest, bucket by bucket, instead of every rank
     all-gathering every parameter. Tied weights appear under both names, as in ``state_dict()``.
     """
-    from reallocation.sync import drain, iter_full_weights
+    from reallocation.sync import clean_name, drain, iter_full_weights
 
     dtype = dtype or ranks.compute_dtype
     weights = iter_full_weights(model, dst_rank=0, dtype=dtype)
@@ -482,17 +482,12 @@ def _full_state_dict(model: nn.Module, ranks: _Ranks, dtype: torch.dtype | None 
         return None
     state = {name: tensor.detach().to("cpu", dtype).clone() for name, tensor in weights}
     # named_parameters() lists a tied parameter once; the HF state dict has it under every name.
-    for name, tensor in model.state_dict().items():
-        name = name.replace("_fsdp_wrapped_module.", "").replace("_checkpoint_wrapped_module.", "")
-        if name not in state:
-            for other, value in state.items():
-                if value.shape == tuple(tensor.shape) and _same_storage(model, name, other):
-                    state[name] = value
-                    break
+    names_by_param: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_by_param.setdefault(id(param), []).append(clean_name(name))
+    for names in names_by_param.values():
+        held = next((n for n in names if n in state), None)
+        if held is not None:
+            for name in names:
+                state.setdefault(name, state[held])
     return state
-
-
-def _same_storage(model: nn.Module, a: str, b: str) -> bool:
-    """True if parameters ``a`` and ``b`` of ``model`` are one tensor (tied embeddings)."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    return a in params and b in params and params[a] is params[b]
