@@ -79,7 +79,14 @@ def test_unknown_reward_option_names_it():
 @pytest.mark.parametrize("reward", REWARDS)
 def test_experiments_compose_with_every_reward(reward):
     mini = _compose(["experiment=mini_repro", f"+reward={reward}"])
-    assert mini.model.name == "tiny" and mini.run.num_iterations == 12
+    assert mini.model.name == "tiny" and mini.run.num_iterations == 16
     qwen = _compose(["experiment=qwen_math_1.5b", f"+reward={reward}"])
     assert qwen.model.name == "qwen2.5-math-1.5b-instruct" and qwen.cluster.backend == "nccl"
     assert qwen.data.name == "math_train" and qwen.ppo.actor_lr == 1e-6
+
+
+def test_clip_options_calibrate_eta_so_most_steps_get_zero():
+    for name in ("prm_clip", "prm_clip_delta"):
+        assert _compose([f"+reward={name}"]).reward.eta_zero_fraction == 0.8
+    assert _compose(["+reward=prm_clip", "reward.eta_zero_fraction=null", "reward.eta=0.4"]).reward.eta == 0.4
+    assert _compose(["+reward=prm_delta"]).reward.eta_zero_fraction is None

@@ -46,7 +46,8 @@ def test_every_reward_option_trains_two_iterations(reward, tmp_path):
 
 @pytest.mark.slow
 def test_resume_continues_from_the_last_checkpoint(tmp_path):
-    common = [*SMALL, "run.checkpoint_every=1", f"hydra.run.dir={tmp_path}"]
+    """Clip with a calibrated eta: the resumed run keeps the eta the first rollouts chose."""
+    common = ["+reward=prm_clip", *SMALL, "run.checkpoint_every=1", f"hydra.run.dir={tmp_path}"]
     _last_line(_train(["run.num_iterations=2", *common]))
     first = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     proc = _train(["run.num_iterations=3", *common])
@@ -54,6 +55,7 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
     assert "[resume] from" in proc.stdout and "at iteration 2" in proc.stdout
     rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2, 3] and rows[:3] == first
+    assert rows[3]["reward/eta"] == rows[1]["reward/eta"]
 
 
 @pytest.mark.slow

@@ -68,6 +68,9 @@ class RewardWorker:
     def score(self, samples):
         return self.fn(samples)
 
+    def set_eta(self, eta: float) -> None:
+        self.fn.set_eta(eta)
+
 
 def load_data(cfg: TrainConfig) -> tuple[list[Problem], list[Problem]]:
     d = cfg.data
@@ -220,12 +223,16 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
             policy.call("load_checkpoint", str(ckpt / "policy"))
             critic.call("load_checkpoint", str(ckpt / "critic"))
             kl_ctl.load_state_dict(state["kl"])
+            reward_eta = state.get("reward_eta")
+            if reward_eta is not None and cfg.reward.eta_zero_fraction is not None:
+                # A calibrated Clip threshold stays what the first rollouts made it, not the resumed policy's.
+                reward.call("set_eta", reward_eta)
             sync_weights()
             start = state["iteration"]
             before = state["heldout_before"]
             _log(f"[resume] from {ckpt} at iteration {start}")
         else:
-            start = 0
+            start, reward_eta = 0, None
             before = heldout_success(cfg.run.seed)["heldout/success"]
             _log(f"[eval] held-out success before training: {before:.3f} ({len(heldout)} problems)")
         writer = MetricsWriter(run_dir, resume_from_iteration=start if ckpt else None)
@@ -250,6 +257,7 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
                                     prompt_text=x.prompt_text, response_text=x.completion.text,
                                     response_token_ids=list(x.completion.token_ids)) for x in rollouts]
             rb = reward.call("score", samples)[0]
+            reward_eta = rb.metrics.get("reward/eta", reward_eta)
             times["reward"] = time.monotonic() - t
 
             batch = pad_batch([x.prompt_ids for x in rollouts], [list(x.completion.token_ids) for x in rollouts],
@@ -327,7 +335,8 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
                                       f"| kl {mean_kl:.4f} | len {metrics['response/length']:.1f} "
                                       f"| steps {metrics['response/num_steps']:.2f} | {metrics['throughput/tokens_per_s']:.0f} tok/s"))
             if (cfg.run.checkpoint_every and (it + 1) % cfg.run.checkpoint_every == 0) or it + 1 == cfg.run.num_iterations:
-                state = {"iteration": it + 1, "kl": kl_ctl.state_dict(), "heldout_before": before, "seed": cfg.run.seed}
+                state = {"iteration": it + 1, "kl": kl_ctl.state_dict(), "heldout_before": before, "seed": cfg.run.seed,
+                         "reward_eta": reward_eta}
 
                 def write_parts(d: Path) -> None:
                     policy.call("save_checkpoint", str(d / "policy"))

@@ -70,6 +70,9 @@ def run_row(run: Path) -> dict[str, Any]:
         "success_mean": mean_of("reward/success"),
         "learned_mean": mean_of("reward/learned"),
         "learned_last": last_of("reward/learned"),
+        "step_score_mean": mean_of("reward/step_score"),
+        "orm_score_mean": mean_of("reward/orm_score"),
+        "kl_last": last_of("kl/mean"),
     }
 
 
@@ -89,9 +92,10 @@ def write_summary(root: Path, out: Path) -> tuple[Path, Path | None]:
         by_reward[row["reward"]].append(row)
     order = [r for r in REWARD_ORDER if r in by_reward] + sorted(set(by_reward) - set(REWARD_ORDER))
     cols = ["greedy_before", "greedy_after", "sampled_after", "steps_first", "steps_last", "length_first",
-            "length_last", "success_mean", "learned_mean"]
+            "length_last", "success_mean", "learned_mean", "step_score_mean", "orm_score_mean", "kl_last"]
     header = ("| reward | seeds | held-out greedy before | after | held-out sampled after | steps/resp first | last "
-              "| resp length first | last | train success (mean) | learned reward (mean) |")
+              "| resp length first | last | success reward (mean) | learned reward (mean) | PRM step score (mean) "
+              "| ORM score (mean) | KL (last) |")
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for name in order:
         group = by_reward[name]
@@ -112,8 +116,9 @@ def _plot(runs: list[Path], rows: list[dict[str, Any]], path: Path) -> Path:
 
     panels = [("heldout/success", "held-out success (greedy)"), ("response/num_steps", "steps per response"),
               ("response/length", "response length (tokens)"), ("reward/success", "train success"),
-              ("reward/learned", "learned reward per response"), ("kl/mean", "KL per token")]
-    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+              ("reward/learned", "learned reward per response"), ("heldout/sampled_success", "held-out success (sampled)"),
+              ("reward/step_score", "mean PRM step score"), ("kl/mean", "KL per response")]
+    fig, axes = plt.subplots(2, 4, figsize=(19, 7.5))
     colors = dict(zip(REWARD_ORDER, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for run, row in zip(runs, rows):
         metrics = read_metrics(run)
