@@ -1,0 +1,48 @@
+"""The sweep summary on hand-made run directories: seeds averaged per reward, rows in paper order."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from trainer.summarize import run_row, write_summary
+
+
+def _run(root: Path, reward: str, seed: int, steps: list[float], heldout_after: float) -> Path:
+    run = root / f"+reward={reward},run.seed={seed}"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text(f"- run.seed={seed}\n- +reward={reward}\n- experiment=mini_repro\n")
+    rows = [{"iteration": 0, "heldout/success": 0.5}]
+    for i, s in enumerate(steps, start=1):
+        rows.append({"iteration": i, "response/num_steps": s, "response/length": 10.0 * s, "reward/success": 0.25 * i,
+                     "reward/learned": s / 2, "reward/step_score": 0.5, "kl/mean": 0.1 * i})
+    rows[-1].update({"heldout/success": heldout_after, "heldout/sampled_success": heldout_after - 0.1})
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (run / "summary.json").write_text(json.dumps({"heldout_before": 0.5, "heldout_after": heldout_after}))
+    return run
+
+
+def test_run_row_reads_first_last_and_means(tmp_path):
+    row = run_row(_run(tmp_path, "prm", 1, [3.0, 4.0, 5.0], heldout_after=0.4))
+    assert (row["reward"], row["seed"], row["iterations"]) == ("prm", "1", 3)
+    assert (row["steps_first"], row["steps_last"]) == (3.0, 5.0)
+    assert (row["length_first"], row["length_last"]) == (30.0, 50.0)
+    assert row["success_mean"] == 0.5  # (0.25 + 0.5 + 0.75) / 3
+    assert row["learned_mean"] == 2.0  # (1.5 + 2 + 2.5) / 3
+    assert (row["greedy_before"], row["greedy_after"]) == (0.5, 0.4)
+    assert abs(row["sampled_after"] - 0.3) < 1e-12 and abs(row["kl_last"] - 0.3) < 1e-12
+    assert row["orm_score_mean"] != row["orm_score_mean"]  # nan: a PRM run logs no ORM score
+
+
+def test_summary_averages_seeds_in_paper_order(tmp_path):
+    _run(tmp_path, "prm_delta", 0, [3.0, 3.0], heldout_after=0.6)
+    _run(tmp_path, "prm", 0, [3.0, 5.0], heldout_after=0.4)
+    _run(tmp_path, "prm", 1, [3.0, 7.0], heldout_after=0.2)
+    md, png = write_summary(tmp_path, tmp_path / "out")
+    lines = md.read_text().splitlines()
+    rows = [l for l in lines if l.startswith("| prm")]
+    assert [r.split(" | ")[0] for r in rows] == ["| prm", "| prm_delta"]
+    prm = rows[0].split(" | ")
+    # reward, seeds, greedy before, after (mean of 0.4 and 0.2), sampled after, steps first, last (mean of 5, 7)
+    assert prm[1:7] == ["2", "0.500", "0.300", "0.200", "3.000", "6.000"]
+    assert png is not None and png.stat().st_size > 0
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())[0]["reward"] in ("prm", "prm_delta")
