@@ -22,7 +22,7 @@ import json
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 
@@ -106,11 +106,12 @@ def _record_to_problem(obj: dict[str, Any], where: str, default_id: str) -> Prob
     )
 
 
-def load_jsonl(path: str | Path) -> list[Problem]:
+def iter_jsonl(path: str | Path, error: type[Exception] = DataError) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed object) for every non-blank line; a missing file or a malformed line
+    raises ``error`` naming ``path:line``."""
     path = Path(path)
     if not path.exists():
-        raise DataError(f"{path}: no such file")
-    problems = []
+        raise error(f"{path}: no such file")
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, start=1):
             if not line.strip():
@@ -118,8 +119,13 @@ def load_jsonl(path: str | Path) -> list[Problem]:
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
-            problems.append(_record_to_problem(obj, f"{path}:{lineno}", f"{path.stem}-{lineno}"))
+                raise error(f"{path}:{lineno}: malformed JSON ({e.msg} at column {e.colno})") from None
+            yield lineno, obj
+
+
+def load_jsonl(path: str | Path) -> list[Problem]:
+    path = Path(path)
+    problems = [_record_to_problem(obj, f"{path}:{lineno}", f"{path.stem}-{lineno}") for lineno, obj in iter_jsonl(path)]
     if not problems:
         raise DataError(f"{path}: file has no records")
     return problems

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from eval.data import Problem
+from eval.data import Problem, iter_jsonl
 
 MATH_SHEPHERD_TAG = "ки"
 
@@ -136,21 +136,14 @@ def detect_format(obj: dict[str, Any]) -> str:
 
 def load_examples(path: str | Path, data_format: str = "auto") -> list[RMExample]:
     """Every record of a jsonl file in ``data_format`` (auto: detected per record)."""
-    path = Path(path)
-    if not path.exists():
-        raise RMDataError(f"{path}: no such file")
     if data_format != "auto" and data_format not in READERS:
         raise RMDataError(f"data_format={data_format!r}: expected auto or one of {sorted(READERS)}")
     examples = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                examples.append(READERS[detect_format(obj) if data_format == "auto" else data_format](obj))
-            except (ValueError, KeyError, TypeError, IndexError) as e:
-                raise RMDataError(f"{path}:{lineno}: {type(e).__name__}: {e}") from None
+    for lineno, obj in iter_jsonl(path, RMDataError):
+        try:
+            examples.append(READERS[detect_format(obj) if data_format == "auto" else data_format](obj))
+        except (ValueError, KeyError, TypeError, IndexError) as e:
+            raise RMDataError(f"{path}:{lineno}: {type(e).__name__}: {e}") from None
     if not examples:
         raise RMDataError(f"{path}: no records")
     return examples

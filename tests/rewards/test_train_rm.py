@@ -50,6 +50,9 @@ def test_realm_records_round_trip_and_bad_lines_are_named(tmp_path):
     path.write_text('{"steps": ["a"], "step_labels": [1]}\n{"nope": 1}\n')
     with pytest.raises(RMDataError, match=r"realm.jsonl:1: KeyError"):
         load_examples(path)
+    path.write_text('{"question": "q", "steps": ["a"], "final_label": 1}\n\n{"question": \n')
+    with pytest.raises(RMDataError, match=r"realm.jsonl:3: malformed JSON"):
+        load_examples(path)
 
 
 def test_junk_responses_keep_their_natural_labels():
