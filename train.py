@@ -6,10 +6,13 @@
 """
 from __future__ import annotations
 
+import sys
+import traceback
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from trainer.config import register_configs
@@ -28,11 +31,18 @@ def main(cfg: DictConfig) -> None:
         typed = to_train_config(cfg)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}") from None
+    hydra_cfg = HydraConfig.get()
     try:
-        train(typed, Path(HydraConfig.get().runtime.output_dir))
+        train(typed, Path(hydra_cfg.runtime.output_dir))
     except (DataError, ModelNotAvailable, TrainingError) as e:
         # Bad input, not a bug: one clear line; completed checkpoints are left as they are.
         raise SystemExit(f"error: {e}") from None
+    except Exception:
+        if hydra_cfg.mode == RunMode.MULTIRUN:
+            # Hydra reports a failed sweep job only after the whole sweep: say it now, then let it go on.
+            print(f"[sweep] job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)}) failed:\n"
+                  f"{traceback.format_exc()}", file=sys.stderr, flush=True)
+        raise
 
 
 if __name__ == "__main__":
