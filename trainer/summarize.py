@@ -1,7 +1,7 @@
 """Summarize a sweep: ``python -m trainer.summarize MULTIRUN_DIR [--out DIR]``.
 
-Reads every run directory below MULTIRUN_DIR (one per Hydra job: metrics.jsonl, summary.json,
-.hydra/overrides.yaml) and writes ``summary.md`` (one row per run, seeds averaged per reward) and
+Reads every finished run directory below MULTIRUN_DIR (one per Hydra job: metrics.jsonl, summary.json,
+.hydra/overrides.yaml; runs without summary.json are still going and are only listed) and writes ``summary.md`` (one row per run, seeds averaged per reward) and
 ``curves.png`` (held-out success, steps per response, response length, train success over
 iterations, one line per reward option).
 """
@@ -83,9 +83,14 @@ def _fmt(x: Any) -> str:
 
 
 def write_summary(root: Path, out: Path) -> tuple[Path, Path | None]:
-    runs = find_runs(root)
-    if not runs:
+    found = find_runs(root)
+    if not found:
         raise SystemExit(f"no runs with metrics.jsonl under {root}")
+    # A run still going (or killed) has no summary.json yet: its partial curves would skew the means.
+    runs = [r for r in found if (r / "summary.json").exists()]
+    unfinished = [r for r in found if r not in runs]
+    if not runs:
+        raise SystemExit(f"no finished runs (with summary.json) under {root}; {len(unfinished)} still going")
     rows = [run_row(r) for r in runs]
     by_reward: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
@@ -103,7 +108,9 @@ def write_summary(root: Path, out: Path) -> tuple[Path, Path | None]:
         lines.append(f"| {name} | {len(group)} | " + " | ".join(_fmt(v) for v in vals) + " |")
     out.mkdir(parents=True, exist_ok=True)
     md = out / "summary.md"
-    atomic_write_text(md, "\n".join(lines) + "\n\nRuns:\n" + "\n".join(f"- {r['reward']} seed {r['seed']}: {r['run']}" for r in rows) + "\n")
+    listing = [f"- {r['reward']} seed {r['seed']}: {r['run']}" for r in rows]
+    listing += [f"- unfinished (left out): {r}" for r in unfinished]
+    atomic_write_text(md, "\n".join(lines) + "\n\nRuns:\n" + "\n".join(listing) + "\n")
     atomic_write_text(out / "summary.json", json.dumps(rows, indent=2))
     return md, _plot(runs, rows, out / "curves.png")
 

@@ -37,6 +37,7 @@ def test_summary_averages_seeds_in_paper_order(tmp_path):
     _run(tmp_path, "prm_delta", 0, [3.0, 3.0], heldout_after=0.6)
     _run(tmp_path, "prm", 0, [3.0, 5.0], heldout_after=0.4)
     _run(tmp_path, "prm", 1, [3.0, 7.0], heldout_after=0.2)
+    (_run(tmp_path, "prm", 2, [9.0], heldout_after=0.0) / "summary.json").unlink()  # still going
     md, png = write_summary(tmp_path, tmp_path / "out")
     lines = md.read_text().splitlines()
     rows = [l for l in lines if l.startswith("| prm")]
@@ -45,4 +46,5 @@ def test_summary_averages_seeds_in_paper_order(tmp_path):
     # reward, seeds, greedy before, after (mean of 0.4 and 0.2), sampled after, steps first, last (mean of 5, 7)
     assert prm[1:7] == ["2", "0.500", "0.300", "0.200", "3.000", "6.000"]
     assert png is not None and png.stat().st_size > 0
+    assert "unfinished (left out): " in lines[-1] and lines[-1].endswith("run.seed=2")
     assert json.loads((tmp_path / "out" / "summary.json").read_text())[0]["reward"] in ("prm", "prm_delta")
