@@ -93,3 +93,24 @@ def test_eta_for_zero_fraction_worked_example():
         eta_for_zero_fraction(scores, 1.5)
     with pytest.raises(ValueError, match="no step scores"):
         eta_for_zero_fraction([[]], 0.5)
+
+
+def test_return_to_go_when_a_junk_step_is_inserted_before_the_answer():
+    """What the policy sees at the point of choosing between 'one more step' and 'the answer'.
+
+    Total returns do not depend on K under Delta, but the return-to-go *from the choice on* does:
+    from a non-final step it is c_k, from the final step 0 (its score is dropped). Steps: 0.9, 0.7,
+    then either the answer (0.95) or a junk step the PRM scores 0.6 and then the answer; eta = 0.8.
+    delta:      answer now -> 0;  junk first -> 0.6      (a bounded push to keep going)
+    clip-delta: answer now -> 0;  junk first -> c~ = min(0.6 - 0.8, 0) = -0.2   (a push to stop)
+    """
+    def return_to_go_from_step(rewards: torch.Tensor, k: int) -> float:
+        return rewards[k:].sum().item()
+
+    answer_now, junk_first = t(0.9, 0.7, 0.95), t(0.9, 0.7, 0.6, 0.95)
+    assert return_to_go_from_step(delta(answer_now), 2) == pytest.approx(0.0)
+    assert return_to_go_from_step(delta(junk_first), 2) == pytest.approx(0.6)
+    assert return_to_go_from_step(clip_delta(answer_now, 0.8), 2) == pytest.approx(0.0)
+    assert return_to_go_from_step(clip_delta(junk_first, 0.8), 2) == pytest.approx(-0.2)
+    # ... while the whole return is c1 (Delta) or c~1 (Clip-Delta) either way.
+    assert delta(answer_now).sum().item() == pytest.approx(delta(junk_first).sum().item())
