@@ -37,6 +37,11 @@ def find_runs(root: Path) -> list[Path]:
     return sorted(p.parent for p in root.rglob("metrics.jsonl"))
 
 
+def _order(row: dict[str, Any]) -> tuple[int, str, str]:
+    reward = row["reward"]
+    return (REWARD_ORDER.index(reward) if reward in REWARD_ORDER else len(REWARD_ORDER), reward, row["seed"])
+
+
 def run_row(run: Path) -> dict[str, Any]:
     rows = read_metrics(run)
     over = _overrides(run)
@@ -91,7 +96,10 @@ def write_summary(root: Path, out: Path) -> tuple[Path, Path | None]:
     unfinished = [r for r in found if r not in runs]
     if not runs:
         raise SystemExit(f"no finished runs (with summary.json) under {root}; {len(unfinished)} still going")
-    rows = [run_row(r) for r in runs]
+    rows = sorted((run_row(r) for r in runs), key=_order)
+    runs = [Path(row["run"]) for row in rows]
+    for row in rows:  # paths as seen from the sweep directory, so the summary can move with it
+        row["run"] = str(Path(row["run"]).relative_to(root))
     by_reward: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_reward[row["reward"]].append(row)
@@ -109,13 +117,14 @@ def write_summary(root: Path, out: Path) -> tuple[Path, Path | None]:
     out.mkdir(parents=True, exist_ok=True)
     md = out / "summary.md"
     listing = [f"- {r['reward']} seed {r['seed']}: {r['run']}" for r in rows]
-    listing += [f"- unfinished (left out): {r}" for r in unfinished]
+    listing += [f"- unfinished (left out): {r.relative_to(root)}" for r in unfinished]
     atomic_write_text(md, "\n".join(lines) + "\n\nRuns:\n" + "\n".join(listing) + "\n")
     atomic_write_text(out / "summary.json", json.dumps(rows, indent=2))
     return md, _plot(runs, rows, out / "curves.png")
 
 
 def _plot(runs: list[Path], rows: list[dict[str, Any]], path: Path) -> Path:
+    """One colour per reward option: the mean over seeds (bold) over each seed's own curve (faint)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -127,13 +136,20 @@ def _plot(runs: list[Path], rows: list[dict[str, Any]], path: Path) -> Path:
               ("reward/step_score", "mean PRM step score"), ("kl/mean", "KL per response")]
     fig, axes = plt.subplots(2, 4, figsize=(19, 7.5))
     colors = dict(zip(REWARD_ORDER, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
+    by_reward: dict[str, list[list[dict[str, Any]]]] = defaultdict(list)
     for run, row in zip(runs, rows):
-        metrics = read_metrics(run)
+        by_reward[row["reward"]].append(read_metrics(run))
+    for reward in [r for r in REWARD_ORDER if r in by_reward] + sorted(set(by_reward) - set(REWARD_ORDER)):
+        color = colors.get(reward)
         for ax, (key, title) in zip(axes.flat, panels):
-            xs = [m["iteration"] for m in metrics if key in m]
-            ys = [m[key] for m in metrics if key in m]
-            ax.plot(xs, ys, marker="o", markersize=2.5, color=colors.get(row["reward"]),
-                    label=f"{row['reward']} (seed {row['seed']})")
+            curves = [{m["iteration"]: m[key] for m in metrics if key in m} for metrics in by_reward[reward]]
+            if len(curves) > 1:
+                for curve in curves:
+                    ax.plot(list(curve), list(curve.values()), color=color, alpha=0.25, linewidth=0.8)
+            shared = sorted(set.intersection(*(set(c) for c in curves)))
+            if shared:
+                ax.plot(shared, [statistics.fmean(c[i] for c in curves) for i in shared], marker="o", markersize=2.5,
+                        color=color, linewidth=1.8, label=f"{reward} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("iteration")
             ax.grid(alpha=0.3)
