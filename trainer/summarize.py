@@ -1,7 +1,8 @@
 """Summarize a sweep: ``python -m trainer.summarize MULTIRUN_DIR [--out DIR]``.
 
 Reads every finished run directory below MULTIRUN_DIR (one per Hydra job: metrics.jsonl, summary.json,
-.hydra/overrides.yaml; runs without summary.json are still going and are only listed) and writes ``summary.md`` (one row per run, seeds averaged per reward) and
+.hydra/overrides.yaml; runs without summary.json are still going and are only listed) and writes
+``summary.md`` (one row per reward option, seeds averaged) and
 ``curves.png`` (held-out success, steps per response, response length, train success over
 iterations, one line per reward option).
 """
@@ -96,10 +97,9 @@ def write_summary(root: Path, out: Path) -> tuple[Path, Path | None]:
     unfinished = [r for r in found if r not in runs]
     if not runs:
         raise SystemExit(f"no finished runs (with summary.json) under {root}; {len(unfinished)} still going")
-    rows = sorted((run_row(r) for r in runs), key=_order)
-    runs = [Path(row["run"]) for row in rows]
-    for row in rows:  # paths as seen from the sweep directory, so the summary can move with it
-        row["run"] = str(Path(row["run"]).relative_to(root))
+    runs, rows = zip(*sorted(((r, run_row(r)) for r in runs), key=lambda pair: _order(pair[1])))
+    for run, row in zip(runs, rows):  # paths as seen from the sweep directory, so the summary can move with it
+        row["run"] = str(run.relative_to(root))
     by_reward: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
         by_reward[row["reward"]].append(row)

@@ -47,4 +47,4 @@ def test_summary_averages_seeds_in_paper_order(tmp_path):
     assert prm[1:7] == ["2", "0.500", "0.300", "0.200", "3.000", "6.000"]
     assert png is not None and png.stat().st_size > 0
     assert "unfinished (left out): " in lines[-1] and lines[-1].endswith("run.seed=2")
-    assert json.loads((tmp_path / "out" / "summary.json").read_text())[0]["reward"] in ("prm", "prm_delta")
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())[0]["reward"] == "prm"
