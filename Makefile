@@ -13,3 +13,9 @@ test: setup
 
 test-slow: setup
 	@bash scripts/run_tests.sh -m slow $(ARGS)
+
+# ruff (lint, then the formatter's check) and mypy, all configured in pyproject.toml.
+lint: setup
+	@.venv/bin/ruff check .
+	@.venv/bin/ruff format --check .
+	@.venv/bin/mypy
