@@ -155,9 +155,19 @@ def run_realm(cfg, run_dir: Path) -> dict:
     load_before = os.getloadavg()
     train(cfg, run_dir)
     load_after = os.getloadavg()
-    rows = read_metrics(run_dir)
+    return {"status": "ok", "wall_s_incl_startup_and_evals": time.monotonic() - t, "load_avg_before": load_before,
+            "load_avg_after": load_after, "iterations": realm_iterations(read_metrics(run_dir), rollouts)}
+
+
+def realm_iterations(rows: list[dict], rollouts: int) -> list[dict]:
+    """Per-iteration phase times and token counts from ``metrics.jsonl`` rows.
+
+    Row 0 holds only the held-out success before training (no ``time/iteration``): not an iteration.
+    """
     iterations = []
     for row in rows:
+        if "time/iteration" not in row:
+            continue
         phases = {k: row[f"time/{k}"] for k in REALM_PHASES if f"time/{k}" in row}
         total = row["time/iteration"]
         phases["other"] = max(0.0, total - sum(phases.values()))
@@ -167,8 +177,9 @@ def run_realm(cfg, run_dir: Path) -> dict:
             "tokens_per_s": row["throughput/tokens_per_s"], "response_length": row["response/length"],
             "rows": rollouts, "stopped_at_eos": round((1.0 - row["response/truncated"]) * rollouts),
         })
-    return {"status": "ok", "wall_s_incl_startup_and_evals": time.monotonic() - t, "load_avg_before": load_before,
-            "load_avg_after": load_after, "iterations": iterations}
+    if not iterations:
+        raise RuntimeError("metrics.jsonl has no timed iteration (rows without time/iteration only)")
+    return iterations
 
 
 # ---------------------------------------------------------------------------------------------- TRL

@@ -1,0 +1,52 @@
+"""bench/ppo_iteration.py: metric rows -> per-iteration phases (fast), and the whole script on a tiny workload (slow)."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bench import ppo_iteration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _row(iteration: int, total: float) -> dict:
+    return {"iteration": iteration, "time/generate": 1.0, "time/reward": 0.5, "time/inference": 0.25,
+            "time/train": 2.0, "time/sync": 0.25, "time/iteration": total, "response/length": 10.0,
+            "throughput/tokens_per_s": 40.0, "response/truncated": 0.25}
+
+
+def test_row_zero_is_the_before_training_eval_not_an_iteration():
+    rows = [{"iteration": 0, "heldout/success": 0.1}, _row(1, 5.0), _row(2, 4.5)]
+    its = ppo_iteration.realm_iterations(rows, rollouts=8)
+    assert [r["iteration"] for r in its] == [1, 2]
+    # other = 5.0 - (1 + 0.5 + 0.25 + 2 + 0.25) = 1.0; 10 tokens x 8 rows; 75% of 8 rows stopped at EOS
+    assert its[0]["other"] == pytest.approx(1.0) and its[1]["other"] == pytest.approx(0.5)
+    assert its[0]["tokens"] == 80 and its[0]["stopped_at_eos"] == 6
+    part = {"iterations": its}
+    ppo_iteration.summarize(part, ppo_iteration.REALM_PHASES)
+    assert part["timed_iterations"] == [2]  # the first is warm-up
+    assert part["tokens_per_s"] == pytest.approx(80 / 4.5)
+
+
+def test_no_timed_iteration_is_an_error():
+    with pytest.raises(RuntimeError, match="no timed iteration"):
+        ppo_iteration.realm_iterations([{"iteration": 0, "heldout/success": 0.0}], rollouts=4)
+
+
+@pytest.mark.slow
+def test_script_runs_on_a_tiny_workload(tmp_path):
+    """Ray + vLLM start-up make this a minute or more: slow. TRL is skipped (it needs the package registry)."""
+    out = tmp_path / "ppo.json"
+    proc = subprocess.run(
+        [sys.executable, "bench/ppo_iteration.py", "--json", str(out), "--skip-trl", "--iterations", "2",
+         "--num-prompts", "2", "--samples-per-prompt", "2", "--max-new-tokens", "8", "--heldout-limit", "2"],
+        cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert [r["iteration"] for r in result["realm"]["iterations"]] == [1, 2]
+    assert result["realm"]["tokens_per_s"] > 0 and result["trl"]["status"] == "skipped"
+    assert out.with_suffix(".png").exists()
