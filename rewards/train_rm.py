@@ -39,7 +39,6 @@ import bisect
 import dataclasses
 import hashlib
 import json
-import math
 import random
 import sys
 import time
@@ -51,6 +50,7 @@ from typing import Any, Sequence
 import torch
 
 from models.config import ModelConfig
+from models.schedule import LRSchedule, build_lr_scheduler
 from rewards.config import Readout, RewardKind
 from rewards.models import (DEFAULT_QUESTION_TEMPLATE, DEFAULT_STEP_TAG, RM_INFO_FILE, RMFormat, auto_model_class,
                             encode_with_reads, make_reader, rm_input)
@@ -306,14 +306,6 @@ def collate(batch: Sequence[Encoded], pad_id: int) -> tuple[torch.Tensor, torch.
 # -------------------------------------------------------------------------------------------- training
 
 
-def _lr_factor(step: int, cfg: RMTrainConfig) -> float:
-    """Linear warm-up, then cosine decay to 10%."""
-    if step < cfg.num_warmup_steps:
-        return (step + 1) / cfg.num_warmup_steps
-    progress = (step - cfg.num_warmup_steps) / max(1, cfg.num_steps - cfg.num_warmup_steps)
-    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-
-
 def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
     """Area under the ROC curve: the chance that a random positive outscores a random negative (ties
     count half). 0.5 for a constant score, whatever the class balance; nan if one class is absent."""
@@ -328,7 +320,7 @@ def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
 
 
 @torch.inference_mode()
-def evaluate(reader, data: Sequence[Encoded], pad_id: int, kind: RMKind, device: str, batch_size: int = 64) -> dict[str, Any]:
+def heldout_metrics(reader, data: Sequence[Encoded], pad_id: int, kind: RMKind, device: str, batch_size: int = 64) -> dict[str, Any]:
     """Held-out accuracies at threshold 0.5, with what a constant would get, and AUCs.
 
     step_*: every step's score vs its label (PRM). final_*: the score at the last read (the last step
@@ -420,7 +412,7 @@ def _train(cfg: RMTrainConfig, output_dir: Path) -> dict[str, Any]:
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: _lr_factor(step, cfg))
+    scheduler = build_lr_scheduler(optimizer, LRSchedule.cosine, cfg.num_warmup_steps, cfg.num_steps, floor=0.1)
     rng = random.Random(cfg.seed)
     order: list[int] = []
     model.train()
@@ -443,13 +435,13 @@ def _train(cfg: RMTrainConfig, output_dir: Path) -> dict[str, Any]:
         running.append(loss.item())
         if (step + 1) % cfg.log_every == 0 and step + 1 < cfg.num_steps:
             model.eval()  # a quick look at a fixed slice of the held-out set
-            peek = evaluate(reader, heldout[:256], pad_id, cfg.kind, cfg.device)
+            peek = heldout_metrics(reader, heldout[:256], pad_id, cfg.kind, cfg.device)
             model.train()
             _log(f"{name}: step {step + 1}/{cfg.num_steps} loss {sum(running) / len(running):.4f} "
                  f"held-out[:256] {_accuracies(peek)} ({time.time() - started:.0f} s)")
             running = []
     model.eval()
-    metrics = evaluate(reader, heldout, pad_id, cfg.kind, cfg.device)
+    metrics = heldout_metrics(reader, heldout, pad_id, cfg.kind, cfg.device)
     seconds = time.time() - started
     baselines = ", ".join(f"{k.split('_')[0]} {metrics[k]:.3f}" for k in ("step_majority_baseline", "final_majority_baseline")
                           if k in metrics)

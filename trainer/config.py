@@ -15,6 +15,7 @@ from hydra.core.config_store import ConfigStore
 
 from eval.config import DataConfig
 from models.config import ModelConfig
+from models.schedule import LRSchedule
 from reallocation.config import ClusterConfig
 from rewards.config import RewardConfig
 
@@ -23,12 +24,6 @@ class KLController(Enum):
     fixed = "fixed"
     adaptive = "adaptive"
     """Ziegler et al. 2019: beta moves so that the observed KL tracks kl_target."""
-
-
-class LRSchedule(Enum):
-    constant = "constant"
-    linear = "linear"
-    cosine = "cosine"
 
 
 @dataclass

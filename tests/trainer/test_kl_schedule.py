@@ -6,7 +6,7 @@ import torch
 
 from trainer.config import KLController, LRSchedule, PPOConfig
 from trainer.kl import AdaptiveKLController, FixedKLController, make_kl_controller
-from trainer.schedule import build_lr_scheduler, lr_multiplier
+from models.schedule import build_lr_scheduler, lr_multiplier
 
 
 def test_fixed_kl_controller_never_moves():
@@ -46,6 +46,16 @@ def test_lr_multipliers_by_hand():
         [1 / 3, 2 / 3, 1.0, (1 + c) / 2, 0.5, (1 - c) / 2]
     )
     assert lr_multiplier(LRSchedule.linear, 0, 4)(10) == 0.0  # past the end: stays at 0
+
+
+def test_lr_floor_by_hand():
+    # reward-model training decays to 10%: f + (1 - f) * decay, with f = 0.1
+    assert [lr_multiplier(LRSchedule.linear, 0, 4, floor=0.1)(s) for s in range(5)] == pytest.approx(
+        [1.0, 0.775, 0.55, 0.325, 0.1]
+    )
+    assert lr_multiplier(LRSchedule.cosine, 0, 4, floor=0.1)(2) == pytest.approx(0.55)
+    with pytest.raises(ValueError, match="floor"):
+        lr_multiplier(LRSchedule.cosine, 0, 4, floor=1.0)
 
 
 def test_build_lr_scheduler_steps_per_iteration():
