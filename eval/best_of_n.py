@@ -20,7 +20,7 @@ C(n-1-r, N-1) / C(n, N).
     python -m eval.best_of_n RUN_DIR --rm /models/math-shepherd --kind prm --aggregations min,last
 
 The scorer is any function of (question, response) pairs (``Scorer``); the CLI builds one from
-``rewards.models`` lazily, so evaluation itself does not depend on ``rewards``.
+``rewards.reward_model`` lazily, so evaluation itself does not depend on ``rewards``.
 """
 from __future__ import annotations
 
@@ -136,9 +136,9 @@ def group_samples(records: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]
 
 
 def reward_model_scorer(path: str, kind: str, step_delimiter: str = "") -> Scorer:
-    """A Scorer from ``rewards.models`` (imported here, lazily: eval does not depend on rewards)."""
+    """A Scorer from ``rewards.reward_model`` (imported here, lazily: eval does not depend on rewards)."""
     from rewards.config import RewardKind, RewardModelConfig
-    from rewards.models import load_reward_model
+    from rewards.reward_model import load_reward_model
     from rewards.segment import split_steps
 
     model_dir = Path(path)

@@ -19,7 +19,7 @@ import torch
 
 from rewards.config import BUILTIN_REWARD_MODELS, Refinement, RewardConfig, RewardKind
 from rewards.eta import eta_for_zero_fraction, zero_fraction
-from rewards.models import RewardModel, RewardModelError, load_reward_model
+from rewards.reward_model import RewardModel, RewardModelError, load_reward_model
 from rewards.refine import refine_batched
 from rewards.segment import SegmentedResponse, Step, segment_response
 from rewards.types import RewardBatch, RewardFn, RewardSample

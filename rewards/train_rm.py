@@ -10,8 +10,8 @@ The saved directory holds the model (``*ForTokenClassification`` for a value-hea
 ``realm_rm.json``: the readout, the input format (question template, step delimiter, step tag) and the
 held-out step-label and final-label accuracies.
 
-Training uses the reward model's own reader (``rewards.models.make_reader``) on the same RM inputs
-(``rewards.models.rm_input``) as scoring does, so what is trained is what is read. The loss is binary
+Training uses the reward model's own reader (``rewards.reward_model.make_reader``) on the same RM inputs
+(``rewards.reward_model.rm_input``) as scoring does, so what is trained is what is read. The loss is binary
 cross-entropy on the log-odds at every step end (PRM) or at the last token (ORM), plus
 ``lm_loss_weight`` times a next-token loss on the correct solutions (see that field for why).
 
@@ -52,7 +52,7 @@ import torch
 from models.config import ModelConfig
 from models.schedule import LRSchedule, build_lr_scheduler
 from rewards.config import Readout, RewardKind
-from rewards.models import (DEFAULT_QUESTION_TEMPLATE, DEFAULT_STEP_TAG, RM_INFO_FILE, RMFormat, auto_model_class,
+from rewards.reward_model import (DEFAULT_QUESTION_TEMPLATE, DEFAULT_STEP_TAG, RM_INFO_FILE, RMFormat, auto_model_class,
                             encode_with_reads, make_reader, rm_input)
 from rewards.rm_data import RMExample, load_examples, synthetic_examples
 from rewards.segment import Step
@@ -243,7 +243,7 @@ class Encoded:
 
 
 def encode(cfg: RMTrainConfig, tokenizer, examples: Sequence[RMExample]) -> list[Encoded]:
-    """RM inputs exactly as ``rewards.models.RewardModel`` builds them when scoring."""
+    """RM inputs exactly as ``rewards.reward_model.RewardModel`` builds them when scoring."""
     out = []
     for ex in examples:
         steps = [Step(s, cfg.step_delimiter) for s in ex.steps[:-1]] + [Step(ex.steps[-1], "")]

@@ -8,7 +8,7 @@ import torch
 
 from rewards.build import ShapedReward, build_reward_fn, place_token_rewards
 from rewards.config import Refinement, RewardConfig, RewardKind, RewardModelConfig
-from rewards.models import RewardModelError
+from rewards.reward_model import RewardModelError
 from rewards.types import RewardSample
 
 QUESTION = "Start with 7. Add 5, then multiply by 3. What is the result?"

@@ -103,7 +103,7 @@ def test_auxiliary_lm_loss_is_the_causal_lm_loss_on_response_tokens(tiny_model_d
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rewards.models import make_reader
+    from rewards.reward_model import make_reader
     from rewards.train_rm import encode, lm_loss
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -170,7 +170,7 @@ def test_trained_delimiter_and_kind_must_match_the_reward_config(trained_prm, ti
     from transformers import AutoTokenizer
 
     from rewards.build import build_reward_fn
-    from rewards.models import RewardModelError
+    from rewards.reward_model import RewardModelError
 
     path, _ = trained_prm
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)

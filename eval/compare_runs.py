@@ -1,4 +1,4 @@
-"""Compare evaluation runs: ``python -m eval.compare RUN_DIR... [--out DIR]``.
+"""Compare evaluation runs: ``python -m eval.compare_runs RUN_DIR... [--out DIR]``.
 
 Writes ``comparison.md`` (one row per run: accuracy with its 95% CI, pass@k / maj@k at the largest
 k, lengths, wall time; plus a per-subject table when runs have one) and ``comparison.png``
@@ -137,7 +137,7 @@ def compare(run_dirs: list[str], out_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.compare", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m eval.compare_runs", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="evaluation run directories (or their parent directories)")
     parser.add_argument("--out", default="", help="output directory (default: outputs/eval/compare-<time>)")
     args = parser.parse_args(argv)

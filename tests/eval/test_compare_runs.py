@@ -1,11 +1,11 @@
-"""python -m eval.compare on hand-made run directories."""
+"""python -m eval.compare_runs on hand-made run directories."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from eval.compare import main
+from eval.compare_runs import main
 from eval.metrics import summarize
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rewards.config import Readout, RewardKind, RewardModelConfig
-from rewards.models import RewardModelError, encode_with_reads, load_reward_model, rm_input, RMFormat
+from rewards.reward_model import RewardModelError, encode_with_reads, load_reward_model, rm_input, RMFormat
 from rewards.segment import Step, split_steps
 
 QUESTION = "Start with 7. Add 5, then multiply by 3. What is the result?"
