@@ -36,6 +36,26 @@ class TinyArchConfig:
 
 
 @dataclass
+class ModelShape:
+    """The shape fields of an HF config.json, copied into a model's config so that plans can be
+    validated and costed (`run.dry_run=true`) without the weights. Zero: not given; read the
+    model directory's config.json instead."""
+
+    model_type: str = "qwen2"
+    num_hidden_layers: int = 0
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    num_attention_heads: int = 0
+    num_key_value_heads: int = 0
+    vocab_size: int = 0
+    tie_word_embeddings: bool = False
+
+    @property
+    def given(self) -> bool:
+        return self.num_hidden_layers > 0
+
+
+@dataclass
 class ModelConfig:
     name: str = "tiny"
     """Human-readable name; used in cache paths and reports."""
@@ -48,12 +68,24 @@ class ModelConfig:
     """Only read when source=tiny."""
     hub_hint: str = ""
     """Shown when the model is not available locally: how to get it."""
+    shape: ModelShape = field(default_factory=ModelShape)
+    """source=hf/gguf: the model's config.json shape fields (optional; source=tiny derives them)."""
 
     def __post_init__(self) -> None:
         if self.dtype not in ("float32", "bfloat16", "float16"):
             raise ValueError(f"model.dtype={self.dtype!r}: expected float32, bfloat16 or float16")
         if self.source in (ModelSource.hf, ModelSource.gguf) and not self.path:
             raise ValueError(f"model.path is required when model.source={self.source.value} (model {self.name!r})")
+        shape = self.shape
+        if shape.given:
+            for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size"):
+                if getattr(shape, key) < 1:
+                    raise ValueError(f"model.shape.{key}={getattr(shape, key)}: must be >= 1 when "
+                                     f"model.shape.num_hidden_layers is given (model {self.name!r})")
+            if shape.num_attention_heads % shape.num_key_value_heads or shape.hidden_size % shape.num_attention_heads:
+                raise ValueError(f"model.shape: num_attention_heads={shape.num_attention_heads} must be a multiple of "
+                                 f"num_key_value_heads={shape.num_key_value_heads} and divide "
+                                 f"hidden_size={shape.hidden_size} (model {self.name!r})")
         if self.source == ModelSource.tiny:
             head_dim, rem = divmod(self.tiny.hidden_size, self.tiny.num_heads)
             if rem:

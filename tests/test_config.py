@@ -90,3 +90,37 @@ def test_clip_options_calibrate_eta_so_most_steps_get_zero():
         assert _compose([f"+reward={name}"]).reward.eta_zero_fraction == 0.8
     assert _compose(["+reward=prm_clip", "reward.eta_zero_fraction=null", "reward.eta=0.4"]).reward.eta == 0.4
     assert _compose(["+reward=prm_delta"]).reward.eta_zero_fraction is None
+
+
+@pytest.mark.parametrize("cluster, num_devices, backend", [("local_cpu", 2, "gloo"), ("gpu_1x8", 8, "nccl"),
+                                                         ("gpu_2x8", 16, "nccl")])
+def test_clusters_name_their_devices_and_default_to_the_heuristic_plan(cluster, num_devices, backend):
+    cfg = _compose([f"cluster={cluster}"])
+    assert (cfg.cluster.num_devices, cfg.cluster.backend, cfg.cluster.plan) == (num_devices, backend, "heuristic")
+    assert cfg.cluster.uses_gpus == (backend == "nccl")
+
+
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        (["cluster.devices_per_node=0"], "cluster.devices_per_node=0"),
+        (["cluster.num_nodes=0"], "cluster.num_nodes=0"),
+        (["cluster.hardware=tpu"], "cluster.hardware='tpu'"),
+        (["cluster.plan="], "cluster.plan is empty"),
+        (["cluster.plan_search_seconds=0"], "cluster.plan_search_seconds=0"),
+        (["cluster.actor_num_ranks=8"], "actor_num_ranks"),
+        (["model=qwen2.5-math-7b", "model.shape.num_key_value_heads=3"], "num_key_value_heads=3"),
+    ],
+)
+def test_bad_cluster_or_shape_fails_with_the_key_named(overrides, fragment):
+    with pytest.raises(Exception) as info:
+        _compose(overrides)
+    assert fragment in str(info.value)
+
+
+def test_qwen_math_model_configs_carry_their_shapes():
+    small, large = _compose(["model=qwen2.5-math-1.5b-instruct"]).model.shape, _compose(["model=qwen2.5-math-7b"]).model.shape
+    assert (small.num_hidden_layers, small.hidden_size, small.num_attention_heads, small.num_key_value_heads) == (28, 1536, 12, 2)
+    assert (large.num_hidden_layers, large.hidden_size, large.num_attention_heads, large.num_key_value_heads) == (28, 3584, 28, 4)
+    assert small.tie_word_embeddings and not large.tie_word_embeddings
+    assert not _compose([]).model.shape.given  # tiny: derived from model.tiny

@@ -156,25 +156,28 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
 
     resolve_reward_model_dir(cfg)
     cl = cfg.cluster
-    cluster = RayCluster.start(cl.address, cl.num_cpus, num_gpus=cl.num_gpus_per_node if not cl.address else 0)
+    num_gpus = cl.devices_per_node if cl.uses_gpus and not cl.address else 0
+    cluster = RayCluster.start(cl.address, cl.num_cpus, num_gpus=num_gpus)
     writer = None
     try:
         policy_dir = warm_start(cfg, base_dir, train_problems)
         gpu = 1.0 if cl.backend == "nccl" else 0.0
         common = dict(backend=cl.backend, dtype=cfg.model.dtype, seed=cfg.run.seed)
-        policy = cluster.group(PolicyWorker, cl.actor_num_ranks, dict(model_dir=str(policy_dir), ppo=cfg.ppo,
+        # One rank per role until the plan runtime deploys cfg.cluster.plan (issue 15).
+        num_ranks, num_engines, gen_tp_size = 1, 1, 1
+        policy = cluster.group(PolicyWorker, num_ranks, dict(model_dir=str(policy_dir), ppo=cfg.ppo,
                                num_iterations=cfg.run.num_iterations, temperature=r.temperature, **common),
                                name="policy", num_gpus=gpu)
         critic_dir = policy_dir if cfg.critic.from_policy else resolve_model_dir(cfg.critic.model)
-        critic = cluster.group(CriticWorker, cl.critic_num_ranks, dict(model_dir=str(critic_dir), ppo=cfg.ppo,
+        critic = cluster.group(CriticWorker, num_ranks, dict(model_dir=str(critic_dir), ppo=cfg.ppo,
                                num_iterations=cfg.run.num_iterations, **common), name="critic", num_gpus=gpu)
         ref = cluster.group(RefWorker, 1, dict(model_dir=str(policy_dir), temperature=r.temperature, **common),
                             name="ref", num_gpus=gpu)
         engine = cluster.group(
-            VLLMEngine, cl.num_engines,
+            VLLMEngine, num_engines,
             dict(model_dir=str(policy_dir), dtype=cfg.model.dtype, seed=cfg.run.seed,
-                 max_model_len=r.max_prompt_tokens + r.max_new_tokens, tensor_parallel_size=cl.gen_tp_size),
-            name="engine", distributed=False, num_gpus=float(cl.gen_tp_size) if gpu else 0.0,
+                 max_model_len=r.max_prompt_tokens + r.max_new_tokens, tensor_parallel_size=gen_tp_size),
+            name="engine", distributed=False, num_gpus=float(gen_tp_size) if gpu else 0.0,
         )
         reward = cluster.group(RewardWorker, 1, dict(reward_cfg=cfg.reward, tokenizer_dir=str(policy_dir)),
                                name="reward", distributed=False)
