@@ -9,10 +9,13 @@ each destination rank lacks.
 - ``sync``        the trainer's entry for pushing training weights into a generation engine.
 - ``execution_plan`` the plan format: a ``CallAllocation`` (GPUs, pp/dp/tp, micro-batches,
                   checkpointing, offload) per PPO call, YAML round trip, validation.
-- ``estimator``   ReaL-style cost model: time / memory of a model function call under an
-                  allocation, and reallocation time from the plan's lower bound.
-- ``search``      PPO dataflow graph, candidate allocations, list-scheduling simulator, MCMC
-                  search over execution plans.
+- ``estimator``   ReaL-style cost model: time / memory of a PPO call under a ``CallAllocation``
+                  (micro-batches, checkpointing, offload), reallocation with fan-out and
+                  same-node senders, and a plan's steady-state iteration (``estimate_plan``).
+- ``shapes``      named model shapes (LLaMA-2 7B..70B, Qwen2.5-Math) and HF ``config.json`` dirs.
+- ``candidates``  per-call candidate allocations (ReaL's meshes x strategies x knobs).
+- ``baselines``   ReaL-Heuristic, DeepSpeed-Chat-style symmetric and OpenRLHF-style disjoint plans.
+- ``search``      plan search from the best fitting baseline (``search_plan``) and its CLI.
 
 Import-light on purpose: importing the package imports no torch.distributed state, vllm or ray;
 import the submodule you need.

@@ -1,26 +1,29 @@
-"""Execution-plan cost model (ReaL-style): time and memory of one model function call under one
-allocation, and the cost of moving parameters between two allocations.
+"""Execution-plan cost model (ReaL-style): time and memory of each PPO call under a
+``CallAllocation``, the cost of moving parameters between two allocations, and a whole plan's
+iteration time (``estimate_plan``).
 
-An *execution plan* gives each model function call (actor generation, reward / reference /
-critic inference, actor / critic training) an ``Allocation``: a device mesh (a contiguous block
-of GPUs) and a ``Layout`` (pp x dp x fsdp x tp) on it. ``search.py`` looks for the plan with the
-shortest simulated PPO iteration.
+The per-call model is analytic unless ``Hardware.profile`` holds measured per-layer costs
+(``reallocation.profile``); see ../shared/reference/real-reallocation.md §4 for what ReaL profiles.
 
-The model is analytic (ReaL profiles layers instead; see ../shared/reference/real-reallocation.md §4):
-
-- compute: ``2 * N * tokens`` FLOPs per forward (x3 for training), at ``mfu`` of peak, split
-  over all GPUs of the mesh; pipeline bubble ``(pp - 1) / num_microbatches`` on top;
-- tensor parallel: two all-reduces of the activations per layer per forward pass (x2 for
-  backward) over the intra-node links, plus a latency per all-reduce (decode steps are latency
-  bound);
-- data parallel: gradient reduce-scatter + all-gather of the shard per training step (FSDP also
-  all-gathers the weights for forward and backward);
-- generation: prefill is compute bound; each decode step reads the local weights and KV cache
-  from HBM or computes, whichever is slower;
-- memory per GPU: weights (+ fp32 grads and Adam state for training, sharded by FSDP), and the
-  active memory (activations or KV cache);
-- reallocation: the plan's lower bound (``plan.py``) between the two layouts placed on their
-  meshes; the slowest receiving GPU sets the time (intra- or inter-node bandwidth).
+- compute: ``2 * N * tokens`` FLOPs per forward, x3 for training (x4 with activation
+  checkpointing: the forward runs again in the backward), at ``mfu`` of peak, lower when a
+  micro-batch gives a GPU few tokens; pipeline bubble ``(pp - 1 + mb) / mb``;
+- tensor parallel: two ring all-reduces of the activations per layer and pass, plus a latency
+  each (decode steps are latency bound);
+- FSDP (training ``dp``): each micro-batch all-gathers the weights for forward and backward and
+  the step reduce-scatters the gradients, overlapped with compute (time = max of the two);
+- generation: ``num_microbatches`` waves of ``batch / (dp * mb)`` sequences per replica (fewer
+  KV-cache bytes, more weight reads); prefill is compute bound; a decode step reads the local
+  weights and KV cache or computes, whichever is slower; pipeline stages run in turn, waves
+  overlap across stages;
+- memory per GPU (``call_memory``): resident bytes (training: bf16 weights + fp32 master, grads,
+  Adam = 18 B/param over FSDP; frozen ref/reward weights unless ``offload``) and active bytes
+  (activations, or full-layer inputs only with checkpointing, logits, KV cache, and the
+  call's own copy of a trainable model's weights);
+- offload: frozen weights return from host memory before each call (``host_bytes_per_s``);
+- reallocation (``realloc_seconds``): every destination GPU gets the bytes it lacks from a
+  holder on its own node when one exists (else from any holder, across nodes); a sender pays for
+  every destination it serves (fan-out); the busiest GPU link or node link sets the time.
 
 Numbers are for ranking plans, not for predicting wall time to the second.
 """
@@ -28,13 +31,17 @@ Numbers are for ranking plans, not for predicting wall time to the second.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
+from typing import Mapping
 
-from reallocation.layout import Layout, ModelSpec
-from reallocation.plan import lower_bound_elements
+import numpy as np
 
-TRAIN, INFERENCE, GENERATE = "train", "inference", "generate"
+from reallocation.execution_plan import CALL_KIND, CALL_MODEL, GENERATE, INFERENCE, TRAIN, CallAllocation, ExecutionPlan
+from reallocation.layout import COLUMN, KV, ROW, VOCAB, ModelSpec
+
+BYTES = 2  # bf16 weights, activations and KV cache
+TRAIN_STATE_BYTES = 18  # bf16 weights + fp32 master, gradients, Adam m and v, per parameter
 
 
 @dataclass(frozen=True)
@@ -43,169 +50,419 @@ class Hardware:
 
     num_nodes: int = 1
     gpus_per_node: int = 8
-    gpu_memory_bytes: int = 80 << 30
+    gpu_memory_bytes: float = 80 << 30
     peak_flops: float = 312e12  # bf16 dense
     mfu: float = 0.45  # fraction of peak reached by large matmuls
     hbm_bytes_per_s: float = 1.6e12
     intra_node_bytes_per_s: float = 150e9  # per GPU, NVLink
     inter_node_bytes_per_s: float = 25e9  # per node, 200 Gb/s
+    host_bytes_per_s: float = 20e9  # PCIe, for offloaded weights
     collective_latency_s: float = 20e-6  # one small all-reduce
+    half_efficiency_tokens: float = 128.0  # tokens per GPU per micro-batch at which matmuls run at half mfu
+    name: str = "a100-80g"
+    profile: object | None = field(default=None, compare=False, hash=False)  # reallocation.profile.Profile
 
     @property
     def num_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_node
 
 
+# Published specs (bf16 dense peak, HBM, NVLink per GPU one way, node NIC); mfu is an assumption.
+HARDWARE = {
+    "a100-80g": dict(gpu_memory_bytes=80 << 30, peak_flops=312e12, hbm_bytes_per_s=2.0e12,
+                     intra_node_bytes_per_s=300e9, inter_node_bytes_per_s=25e9),
+    "h100": dict(gpu_memory_bytes=80 << 30, peak_flops=989e12, hbm_bytes_per_s=3.35e12,
+                 intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9),
+    "h200": dict(gpu_memory_bytes=141 << 30, peak_flops=989e12, hbm_bytes_per_s=4.8e12,
+                 intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9),
+    # A 2-core CPU "device" with gloo: only meaningful with a measured profile.
+    "cpu": dict(gpu_memory_bytes=8 << 30, peak_flops=50e9, mfu=0.5, hbm_bytes_per_s=10e9,
+                intra_node_bytes_per_s=2e9, inter_node_bytes_per_s=1e9, host_bytes_per_s=10e9,
+                collective_latency_s=100e-6, half_efficiency_tokens=16.0),
+}
+
+
+def hardware(name: str, num_nodes: int, gpus_per_node: int, profile: object | None = None) -> Hardware:
+    """``"a100-80g" | "h100" | "h200" | "cpu"`` with the given cluster shape."""
+    if name not in HARDWARE:
+        raise ValueError(f"unknown GPU {name!r}: expected one of {sorted(HARDWARE)}")
+    if num_nodes < 1 or gpus_per_node < 1:
+        raise ValueError(f"need num_nodes >= 1 and gpus_per_node >= 1, got {num_nodes} x {gpus_per_node}")
+    return Hardware(num_nodes=num_nodes, gpus_per_node=gpus_per_node, name=name, profile=profile, **HARDWARE[name])
+
+
 @dataclass(frozen=True)
-class Call:
-    """One model function call of the dataflow graph.
+class Workload:
+    """One PPO iteration: ``batch`` prompts of ``prompt_len`` tokens, ``gen_len`` generated each.
+    The reference model has the actor's shape; ``reward`` is None for a rule-based reward."""
 
-    ``model`` names the parameters it uses (calls of the same model share weights, e.g.
-    actor_gen and actor_train); ``deps`` are calls whose outputs it needs in the same iteration.
-    Sequence lengths are in tokens; ``gen_len`` only for ``kind == GENERATE``.
-    """
-
-    name: str
-    model: str
-    kind: str
-    spec: ModelSpec
+    actor: ModelSpec
+    critic: ModelSpec
+    reward: ModelSpec | None
     batch: int
     prompt_len: int
-    gen_len: int = 0
-    deps: tuple[str, ...] = ()
-    num_microbatches: int = 4  # training / inference pipeline micro-batches
+    gen_len: int
 
     @property
     def seq_len(self) -> int:
         return self.prompt_len + self.gen_len
 
+    @property
+    def calls(self) -> tuple[str, ...]:
+        return tuple(c for c in CALL_MODEL if c != "rew_inf" or self.reward is not None)
+
+    def spec(self, call: str) -> ModelSpec:
+        model = CALL_MODEL[call]
+        if model == "reward":
+            if self.reward is None:
+                raise ValueError("rew_inf needs a reward model shape")
+            return self.reward
+        return self.critic if model == "critic" else self.actor
+
+    def specs(self) -> dict[str, ModelSpec]:
+        out = {"actor": self.actor, "critic": self.critic, "ref": self.actor}
+        if self.reward is not None:
+            out["reward"] = self.reward
+        return out
+
+
+def _efficiency(tokens_per_gpu: float, hw: Hardware) -> float:
+    return hw.mfu * tokens_per_gpu / (tokens_per_gpu + hw.half_efficiency_tokens)
+
+
+def _tp_link(alloc: CallAllocation, hw: Hardware) -> float:
+    return hw.intra_node_bytes_per_s if alloc.tp <= hw.gpus_per_node else hw.inter_node_bytes_per_s / hw.gpus_per_node
+
+
+def _dp_link(alloc: CallAllocation, hw: Hardware) -> float:
+    """Per-GPU bandwidth of a data-parallel ring: NVLink inside a node, a share of the NIC across."""
+    nodes = {d // hw.gpus_per_node for d in alloc.devices[: alloc.dp * alloc.tp]}
+    return hw.intra_node_bytes_per_s if len(nodes) == 1 else hw.inter_node_bytes_per_s / hw.gpus_per_node
+
+
+def _tp_comm(spec: ModelSpec, alloc: CallAllocation, tokens_per_replica: float, num_collectives: int, hw: Hardware) -> float:
+    """Ring all-reduces of ``tokens_per_replica`` activations, ``num_collectives`` per layer."""
+    if alloc.tp == 1:
+        return 0.0
+    volume = 2 * (alloc.tp - 1) / alloc.tp * tokens_per_replica * spec.hidden_size * BYTES
+    return num_collectives * spec.num_layers * (volume / _tp_link(alloc, hw) + hw.collective_latency_s)
+
+
+def _pp_comm(spec: ModelSpec, alloc: CallAllocation, tokens_per_replica: float, passes: int, hw: Hardware) -> float:
+    if alloc.pp == 1:
+        return 0.0
+    link = hw.intra_node_bytes_per_s if alloc.pp * alloc.dp * alloc.tp <= hw.gpus_per_node else hw.inter_node_bytes_per_s / hw.gpus_per_node
+    return passes * (alloc.pp - 1) * (tokens_per_replica * spec.hidden_size * BYTES / alloc.tp / link + hw.collective_latency_s)
+
+
+def _layer_seconds(op: str, spec: ModelSpec, tokens: float, context: float, alloc: CallAllocation, hw: Hardware) -> float | None:
+    """Measured seconds of one decoder layer from ``hw.profile``, or None to use the analytic model."""
+    if hw.profile is None:
+        return None
+    return hw.profile.layer_seconds(op, spec, tokens=tokens, context=context, tp=alloc.tp)  # type: ignore[attr-defined]
+
+
+@lru_cache(maxsize=200_000)
+def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:
+    """Seconds for ``call`` under ``alloc`` (reallocation and offload reloads excluded)."""
+    kind = CALL_KIND[call]
+    if kind == GENERATE:
+        return _generate_seconds(spec, alloc, w, hw)
+    n = spec.num_params()
+    mb, pp, dp, tp = alloc.num_microbatches, alloc.pp, alloc.dp, alloc.tp
+    tokens = w.batch * w.seq_len
+    tokens_mb = tokens / (dp * mb)  # one replica's micro-batch
+    train = kind == TRAIN
+    passes = (4 if alloc.activation_checkpointing else 3) if train else 1
+    bubble = (mb + pp - 1) / mb
+    measured = _layer_seconds("train" if train else "forward", spec, tokens_mb, w.seq_len, alloc, hw)
+    if measured is not None:
+        ckpt = (4 / 3) if train and alloc.activation_checkpointing else 1.0
+        compute = measured * ckpt * spec.num_layers / pp * mb * bubble
+    else:
+        compute = 2 * n * tokens * passes / (len(alloc.devices) * hw.peak_flops * _efficiency(tokens_mb / tp, hw)) * bubble
+    t = compute + _tp_comm(spec, alloc, tokens / dp, 2 * passes, hw) * bubble
+    t += _pp_comm(spec, alloc, tokens / dp, 2 if train else 1, hw)
+    if train:
+        shard = n * BYTES / (tp * pp)
+        if dp > 1:
+            gathers = (2 * mb + 1) * (dp - 1) / dp * shard / _dp_link(alloc, hw)
+            t = max(t, gathers) + hw.collective_latency_s * spec.num_layers * mb
+        t += 2 * n * (TRAIN_STATE_BYTES - BYTES) / (tp * pp * dp) / hw.hbm_bytes_per_s  # Adam reads + writes fp32 state
+    return t
+
+
+def _generate_seconds(spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:
+    n = spec.num_params()
+    mb, pp, dp, tp = alloc.num_microbatches, alloc.pp, alloc.dp, alloc.tp
+    wave = w.batch / (dp * mb)  # sequences per replica per wave
+    prefill_tokens = wave * w.prompt_len
+    measured = _layer_seconds("prefill", spec, prefill_tokens, w.prompt_len, alloc, hw)
+    if measured is not None:
+        prefill = measured * spec.num_layers
+    else:
+        prefill = 2 * n * prefill_tokens / (tp * hw.peak_flops * _efficiency(prefill_tokens / tp, hw))
+    prefill += _tp_comm(spec, alloc, prefill_tokens, 2, hw)
+    weights = n * BYTES / (tp * pp)
+    kv_avg = _kv_bytes(spec, alloc, wave, w.prompt_len + w.gen_len / 2)
+    measured = _layer_seconds("decode", spec, wave, w.prompt_len + w.gen_len / 2, alloc, hw)
+    if measured is not None:
+        stage = measured * spec.num_layers / pp
+    else:
+        stage = max((weights + kv_avg) / hw.hbm_bytes_per_s, 2 * n * wave / (tp * pp * hw.peak_flops * hw.mfu))
+    stage += _tp_comm(spec, alloc, wave, 2, hw) / pp + hw.collective_latency_s * (pp > 1)
+    # Waves overlap across pipeline stages: mb waves take (mb + pp - 1) stage-steps per token.
+    decode = w.gen_len * stage * (mb + pp - 1)
+    return prefill * (mb + pp - 1) + decode
+
+
+def _kv_bytes(spec: ModelSpec, alloc: CallAllocation, sequences: float, length: float) -> float:
+    """KV cache on one GPU for ``sequences`` of ``length`` tokens (kv heads replicate when fewer than tp)."""
+    kv_heads = max(1, spec.num_kv_heads // alloc.tp)
+    return sequences * length * 2 * kv_heads * spec.head_dim * BYTES * math.ceil(spec.num_layers / alloc.pp)
+
+
+def shares_training_layout(call: str, alloc: CallAllocation, train: CallAllocation) -> bool:
+    """True when ``call`` can run on the training copy itself (same GPUs and shards: no FSDP, same pp/tp)."""
+    return (alloc.devices == train.devices and alloc.pp == train.pp and alloc.tp == train.tp
+            and alloc.dp == 1 and train.dp == 1)
+
+
+@lru_cache(maxsize=200_000)
+def call_memory(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload, own_copy: bool = True) -> tuple[float, float]:
+    """``(resident, active)`` bytes per GPU of the call's devices.
+
+    Resident stays between calls (training state; frozen weights unless offloaded); active exists
+    only while the call runs. ``own_copy``: a generation / critic-inference call of a trainable model
+    holds its own copy of the weights (False when it runs on the training layout itself).
+    """
+    kind = CALL_KIND[call]
+    n, pp, dp, tp, mb = spec.num_params(), alloc.pp, alloc.dp, alloc.tp, alloc.num_microbatches
+    weights = n * BYTES / (tp * pp)
+    layers = math.ceil(spec.num_layers / pp)
+    if kind == GENERATE:
+        wave = w.batch / (dp * mb)
+        in_flight = min(mb, pp)  # waves whose KV caches coexist on a stage
+        return 0.0, _kv_bytes(spec, alloc, wave * in_flight, w.seq_len) + (weights if own_copy else 0.0)
+    tokens_mb = w.batch * w.seq_len / (dp * mb)
+    logits = tokens_mb * spec.vocab_size * 4 / tp  # fp32 logits of one micro-batch (last stage)
+    if kind == TRAIN:
+        # ~34 B/token/hidden/layer saved without checkpointing (Korthikanti et al.); with it, each
+        # layer keeps its bf16 input and one layer is live at a time. 1F1B keeps min(pp, mb) in flight.
+        per_layer = (2 * spec.hidden_size) if alloc.activation_checkpointing else 34 * spec.hidden_size / tp
+        live = 0 if not alloc.activation_checkpointing else 34 * spec.hidden_size / tp
+        acts = tokens_mb * (per_layer * layers + live) * min(pp, mb)
+        return n * TRAIN_STATE_BYTES / (tp * pp * dp), acts + 2 * logits
+    acts = tokens_mb * 34 * spec.hidden_size / tp + logits  # one layer at a time plus the logits
+    frozen = CALL_MODEL[call] in ("ref", "reward")
+    if frozen:
+        return (0.0, acts + weights) if alloc.offload else (weights, acts)
+    return 0.0, acts + (weights if own_copy else 0.0)
+
+
+def offload_seconds(spec: ModelSpec, alloc: CallAllocation, hw: Hardware) -> float:
+    """Reloading offloaded frozen weights before a call."""
+    return spec.num_params() * BYTES / (alloc.tp * alloc.pp) / hw.host_bytes_per_s if alloc.offload else 0.0
+
+
+def _class_bytes(spec: ModelSpec) -> tuple[float, float]:
+    """Bytes of parameters split on dim 0 under TP (column, kv, vocab, norms) and on dim 1 (row)."""
+    row = sum(math.prod(p.shape) for p in spec.params() if p.kind == ROW)
+    return (spec.num_params() - row) * BYTES, row * BYTES
+
+
+def _shard_intervals(alloc: CallAllocation, kind: str) -> np.ndarray:
+    """Per layout rank, the normalized box it holds: ``(rank, class, axis, lo/hi)`` with class 0 =
+    dim-0-split parameters, 1 = dim-1-split ones, axes = (layers, dim 0, dim 1).
+
+    Layers and TP split evenly; FSDP (training ``dp``) chunks the TP-local dim 0. Embedding
+    placement and kv-head replication are ignored: this is the estimator's view, ``plan.py`` is exact.
+    """
+    fsdp = alloc.dp if kind == TRAIN else 1
+    ranks = np.arange(len(alloc.devices))
+    t = ranks % alloc.tp
+    f = (ranks // alloc.tp) % alloc.dp % fsdp
+    p = ranks // (alloc.tp * alloc.dp)
+    out = np.zeros((len(ranks), 2, 3, 2))
+    out[:, :, 0, 0], out[:, :, 0, 1] = (p / alloc.pp)[:, None], ((p + 1) / alloc.pp)[:, None]
+    out[:, 0, 1, 0], out[:, 0, 1, 1] = (t + f / fsdp) / alloc.tp, (t + (f + 1) / fsdp) / alloc.tp
+    out[:, 0, 2, 1] = 1.0
+    out[:, 1, 1, 0], out[:, 1, 1, 1] = f / fsdp, (f + 1) / fsdp
+    out[:, 1, 2, 0], out[:, 1, 2, 1] = t / alloc.tp, (t + 1) / alloc.tp
+    return out
+
+
+def _norm_key(alloc: CallAllocation) -> CallAllocation:
+    return CallAllocation(alloc.devices, alloc.pp, alloc.dp, alloc.tp)  # knobs do not change holdings
+
+
+def realloc_seconds(spec: ModelSpec, src: CallAllocation, src_kind: str, dst: CallAllocation, dst_kind: str,
+                    hw: Hardware) -> float:
+    """Seconds to give every GPU of ``dst`` its shard of ``spec`` from the GPUs of ``src``."""
+    return _realloc_seconds(spec, _norm_key(src), src_kind == TRAIN, _norm_key(dst), dst_kind == TRAIN, hw)
+
+
+@lru_cache(maxsize=100_000)
+def _realloc_seconds(spec: ModelSpec, src: CallAllocation, src_train: bool, dst: CallAllocation, dst_train: bool,
+                     hw: Hardware) -> float:
+    if src == dst and src_train == dst_train:
+        return 0.0
+    col, row = _class_bytes(spec)
+    s_box = _shard_intervals(src, TRAIN if src_train else INFERENCE)
+    d_box = _shard_intervals(dst, TRAIN if dst_train else INFERENCE)
+    # Source pieces: ranks with distinct boxes (dp replicas of inference/generation share one).
+    s_dev = np.asarray(src.devices)
+    piece_of_rank = _piece_ids(src, src_train)
+    num_pieces = piece_of_rank.max() + 1
+    first_rank = np.array([np.flatnonzero(piece_of_rank == k)[0] for k in range(num_pieces)])
+    pieces = s_box[first_rank]
+    lo = np.maximum(d_box[:, None, :, :, 0], pieces[None, :, :, :, 0])
+    hi = np.minimum(d_box[:, None, :, :, 1], pieces[None, :, :, :, 1])
+    frac = np.clip(hi - lo, 0.0, None).prod(axis=3)  # (dst rank, piece, class)
+    overlap = frac[..., 0] * col + frac[..., 1] * row
+    d_dev = np.asarray(dst.devices)
+    # A destination that holds a piece itself copies it locally.
+    held = {int(d): int(k) for d, k in zip(s_dev, piece_of_rank)}
+    for i, d in enumerate(d_dev):
+        if int(d) in held:
+            overlap[i, held[int(d)]] = 0.0
+    g = hw.gpus_per_node
+    holders_per_node = np.zeros((num_pieces, hw.num_nodes))
+    np.add.at(holders_per_node, (piece_of_rank, s_dev // g), 1)
+    same_node = holders_per_node[:, d_dev // g].T > 0  # (dst rank, piece)
+    intra, inter = np.where(same_node, overlap, 0.0), np.where(same_node, 0.0, overlap)
+    recv_intra, recv_inter = intra.sum(1), inter.sum(1)
+    node_onehot = np.zeros((len(d_dev), hw.num_nodes))
+    node_onehot[np.arange(len(d_dev)), d_dev // g] = 1
+    per_piece_node = intra.T @ node_onehot  # bytes piece k sends inside node n, split over its holders there
+    s_node = s_dev // g
+    sent_intra = per_piece_node[piece_of_rank, s_node] / holders_per_node[piece_of_rank, s_node]
+    sent_inter = inter.sum(0)[piece_of_rank] / holders_per_node.sum(1)[piece_of_rank]
+    busiest_gpu = max(np.max(recv_intra, initial=0.0), np.max(sent_intra, initial=0.0))
+    node_out, node_in = np.zeros(hw.num_nodes), np.zeros(hw.num_nodes)
+    np.add.at(node_out, s_node, sent_inter)
+    np.add.at(node_in, d_dev // g, recv_inter)
+    busiest_node = max(node_out.max(), node_in.max())
+    moved = busiest_gpu / hw.intra_node_bytes_per_s + busiest_node / hw.inter_node_bytes_per_s
+    return float(moved + 10 * hw.collective_latency_s) if moved > 0 else 0.0
+
+
+def _piece_ids(alloc: CallAllocation, train: bool) -> np.ndarray:
+    ranks = np.arange(len(alloc.devices))
+    t, rest = ranks % alloc.tp, ranks // alloc.tp
+    p = rest // alloc.dp
+    if train:  # every FSDP rank holds its own chunk
+        return (p * alloc.dp + rest % alloc.dp) * alloc.tp + t
+    return p * alloc.tp + t
+
 
 @dataclass(frozen=True)
-class Allocation:
-    """GPUs ``[first, first + size)`` running ``layout`` (``layout.size == size``)."""
+class PlanCost:
+    """Predicted cost of one steady-state PPO iteration under a plan."""
 
-    first: int
-    size: int
-    layout: Layout
+    seconds_per_iteration: float
+    call_seconds: dict[str, float]  # each call alone (offload reloads included, reallocation not)
+    peak_bytes_per_device: dict[int, float]
+    fits: bool
+    realloc_seconds: float  # per iteration, both directions, summed over models
+    overflow_bytes: float = 0.0  # the fullest GPU's excess over its memory (0 when it fits)
 
     @property
-    def gpus(self) -> range:
-        return range(self.first, self.first + self.size)
-
-    def __str__(self) -> str:
-        return f"gpus[{self.first}:{self.first + self.size}] {self.layout}"
+    def peak_bytes(self) -> float:
+        return max(self.peak_bytes_per_device.values(), default=0.0)
 
 
-def _bytes_per_param() -> int:
-    return 2  # bf16 weights and activations
+TRAINED_BY = {"actor_gen": "actor_train", "critic_inf": "critic_train"}
+NUM_SIMULATED_ITERATIONS = 3
 
 
-@lru_cache(maxsize=100_000)
-def estimate_time(call: Call, alloc: Allocation, hw: Hardware) -> float:
-    """Seconds for one call under ``alloc``."""
-    lay, spec = alloc.layout, call.spec
-    n = spec.num_params()
-    dp = lay.dp * lay.fsdp
-    gpus = alloc.size
-    flops_per_s = hw.peak_flops * hw.mfu
-    # TP all-reduces ride NVLink inside a node; a mesh spanning nodes pays the node link.
-    link = hw.intra_node_bytes_per_s if lay.tp <= hw.gpus_per_node else hw.inter_node_bytes_per_s
-    act_bytes = spec.hidden_size * _bytes_per_param()
+def estimate_plan(plan: ExecutionPlan, workload: Workload, hw: Hardware) -> PlanCost:
+    """List-schedule ``NUM_SIMULATED_ITERATIONS`` PPO iterations of ``plan`` and report the
+    steady-state period (the span from the first iteration's end to the last's, per iteration),
+    so every iteration pays the same reallocations and none is diluted by a cold start.
 
-    def tp_comm(tokens_per_replica: float, passes: int) -> float:
-        if lay.tp == 1:
-            return 0.0
-        volume = 2 * (lay.tp - 1) / lay.tp * tokens_per_replica * act_bytes  # ring all-reduce
-        per_layer = 2 * passes * (volume / link + hw.collective_latency_s)
-        return per_layer * spec.num_layers / lay.pp
-
-    def bubble(micro: int) -> float:
-        return (micro + lay.pp - 1) / micro
-
-    if call.kind in (TRAIN, INFERENCE):
-        tokens = call.batch * call.seq_len
-        passes = 3 if call.kind == TRAIN else 1  # backward costs two forwards
-        compute = 2 * n * tokens * passes / (gpus * flops_per_s)
-        t = compute * bubble(call.num_microbatches) + tp_comm(tokens / dp, passes)
-        if call.kind == TRAIN and dp > 1:
-            shard = n * _bytes_per_param() / (lay.tp * lay.pp)
-            link_dp = hw.intra_node_bytes_per_s if gpus <= hw.gpus_per_node else hw.inter_node_bytes_per_s / hw.gpus_per_node
-            # Gradient reduce-scatter + all-gather; FSDP also gathers weights for fwd and bwd.
-            rounds = 2 + (2 if lay.fsdp > 1 else 0)
-            t += rounds * (dp - 1) / dp * shard / link_dp
-        return t
-    # Generation: prefill, then gen_len decode steps for the replica's share of the batch.
-    batch = call.batch / dp
-    prefill = 2 * n * call.batch * call.prompt_len / (gpus * flops_per_s) * bubble(lay.pp) + tp_comm(batch * call.prompt_len, 1)
-    weights_per_gpu = n * _bytes_per_param() / (lay.tp * lay.pp)
-    kv_per_gpu = _kv_bytes(call, lay) / 2  # average cache length over the decode
-    step_memory = (weights_per_gpu + kv_per_gpu) / hw.hbm_bytes_per_s * lay.pp  # stages run in turn
-    step_compute = 2 * n * batch / (lay.tp * flops_per_s)
-    decode = call.gen_len * (max(step_memory, step_compute) + tp_comm(batch, 1))
-    return prefill + decode
-
-
-def _kv_bytes(call: Call, lay: Layout) -> float:
-    """KV cache of one GPU at full length."""
-    spec = call.spec
-    kv_heads = max(1, spec.num_kv_heads // lay.tp) if spec.num_kv_heads >= lay.tp else 1
-    per_token = 2 * kv_heads * spec.head_dim * _bytes_per_param() * math.ceil(spec.num_layers / lay.pp)
-    return call.batch / (lay.dp * lay.fsdp) * call.seq_len * per_token
-
-
-@lru_cache(maxsize=100_000)
-def static_memory(call: Call, alloc: Allocation) -> float:
-    """Bytes per GPU that stay resident: weights, and for training fp32 grads + Adam state."""
-    lay, n = alloc.layout, call.spec.num_params()
-    weights = n * _bytes_per_param() / (lay.tp * lay.pp)
-    if call.kind != TRAIN:
-        return weights
-    # bf16 weights + fp32 master, grads, Adam m and v = 2 + 16 bytes/param, sharded by FSDP.
-    return n * 18 / (lay.tp * lay.pp * lay.fsdp)
-
-
-@lru_cache(maxsize=100_000)
-def active_memory(call: Call, alloc: Allocation) -> float:
-    """Bytes per GPU only while the call runs: activations or the KV cache."""
-    lay, spec = alloc.layout, call.spec
-    if call.kind == GENERATE:
-        return _kv_bytes(call, lay)
-    tokens = call.batch * call.seq_len / (lay.dp * lay.fsdp) / call.num_microbatches
-    layers = math.ceil(spec.num_layers / lay.pp)
-    # ~34 bytes/token/hidden/layer of saved activations for training (Korthikanti et al.),
-    # split by TP; inference keeps one layer's worth plus the logits.
-    if call.kind == TRAIN:
-        return tokens * spec.hidden_size * 34 * layers / lay.tp * min(lay.pp, call.num_microbatches)
-    return tokens * (spec.hidden_size * 34 + spec.vocab_size * 4) / lay.tp
-
-
-def fits(call: Call, alloc: Allocation, hw: Hardware) -> bool:
-    return static_memory(call, alloc) + active_memory(call, alloc) <= hw.gpu_memory_bytes
-
-
-@lru_cache(maxsize=100_000)
-def realloc_time(spec: ModelSpec, src: Allocation, dst: Allocation, hw: Hardware) -> float:
-    """Seconds to move ``spec``'s parameters from ``src`` to ``dst`` with a minimal plan.
-
-    Each destination GPU receives the elements it lacks (the plan's lower bound); GPUs receive
-    in parallel, so the slowest one sets the time. Zero when nothing moves.
+    Order per iteration: actor_gen -> {rew_inf, ref_inf, critic_inf} -> {actor_train,
+    critic_train}; calls sharing a GPU serialize. actor_gen and critic_inf, when not on their
+    model's training layout, receive the trained weights before they run and hand them back
+    after (ReaL's pre/post ``ParamReallocHook``), each move occupying both meshes.
+    Raises ``PlanError`` when the plan does not match the workload or hardware.
     """
-    if src == dst:
-        return 0.0
-    model_src, model_dst = _holdings(spec, src), _holdings(spec, dst)
-    worst = 0.0
-    for gpu in dst.gpus:
-        mine = {n: {gpu: per[gpu]} for n, per in model_dst.items() if gpu in per}
-        nbytes = lower_bound_elements(model_src, mine) * _bytes_per_param()
-        same_node = all(g // hw.gpus_per_node == gpu // hw.gpus_per_node for g in src.gpus)
-        bandwidth = hw.intra_node_bytes_per_s if same_node else hw.inter_node_bytes_per_s / hw.gpus_per_node
-        worst = max(worst, nbytes / bandwidth)
-    return worst + (hw.collective_latency_s * 10 if worst else 0.0)
+    if (plan.num_nodes, plan.gpus_per_node) != (hw.num_nodes, hw.gpus_per_node):
+        from reallocation.execution_plan import PlanError
+
+        raise PlanError(f"plan is for {plan.num_nodes}x{plan.gpus_per_node} GPUs, hardware has "
+                        f"{hw.num_nodes}x{hw.gpus_per_node}")
+    plan.validate(workload.specs())
+    return _estimate(tuple((c, plan.calls[c]) for c in workload.calls), workload, hw)
+
+
+def _estimate(calls: tuple[tuple[str, CallAllocation], ...], w: Workload, hw: Hardware) -> PlanCost:
+    allocs = dict(calls)
+    seconds = {c: call_seconds(c, w.spec(c), a, w, hw) + offload_seconds(w.spec(c), a, hw) for c, a in calls}
+    moves = {}  # call -> (seconds there, seconds back)
+    for call, train in TRAINED_BY.items():
+        a, t = allocs[call], allocs[train]
+        if shares_training_layout(call, a, t):
+            moves[call] = (0.0, 0.0)
+        else:
+            spec = w.spec(call)
+            moves[call] = (realloc_seconds(spec, t, TRAIN, a, CALL_KIND[call], hw),
+                           realloc_seconds(spec, a, CALL_KIND[call], t, TRAIN, hw))
+    idx = {c: _device_index(a) for c, a in calls}
+    free = np.zeros(hw.num_gpus)
+    done: dict[str, float] = {"actor_train": 0.0, "critic_train": 0.0}
+    iteration_end = []
+
+    def run(devices: np.ndarray, ready: float, duration: float) -> float:
+        start = max(ready, free[devices].max())
+        free[devices] = start + duration
+        return start + duration
+
+    for _ in range(NUM_SIMULATED_ITERATIONS):
+        end: dict[str, float] = {}
+        for call in ("actor_gen", "rew_inf", "ref_inf", "critic_inf"):
+            if call not in allocs:
+                continue
+            ready = end.get("actor_gen", 0.0) if call != "actor_gen" else 0.0
+            if call in TRAINED_BY:
+                there, back = moves[call]
+                both = np.union1d(idx[call], idx[TRAINED_BY[call]])
+                ready = max(ready, done[TRAINED_BY[call]])
+                if there:
+                    ready = run(both, ready, there)
+                end[call] = run(idx[call], ready, seconds[call])
+                if back:
+                    end[call] = run(both, end[call], back)
+            else:
+                end[call] = run(idx[call], ready, seconds[call])
+        inputs = max(end.values())
+        for call in ("actor_train", "critic_train"):
+            end[call] = done[call] = run(idx[call], inputs, seconds[call])
+        iteration_end.append(max(end.values()))
+    period = (iteration_end[-1] - iteration_end[0]) / (NUM_SIMULATED_ITERATIONS - 1)
+    peak = _peak_memory(calls, w, hw)
+    overflow = max(0.0, max(peak.values()) - hw.gpu_memory_bytes)
+    realloc = sum(there + back for there, back in moves.values())
+    return PlanCost(period, seconds, peak, overflow == 0.0, realloc, overflow)
 
 
 @lru_cache(maxsize=4096)
-def _holdings(spec: ModelSpec, alloc: Allocation):
-    """The allocation's layout placed on its GPUs (GPU index = global rank)."""
-    lay = alloc.layout
-    placed = Layout(pp=lay.pp, dp=lay.dp, fsdp=lay.fsdp, tp=lay.tp, ranks=tuple(alloc.gpus), vocab_pad_to=lay.vocab_pad_to)
-    return placed.holdings(spec)
+def _device_index(alloc: CallAllocation) -> np.ndarray:
+    return np.asarray(alloc.devices)
+
+
+def _peak_memory(calls: tuple[tuple[str, CallAllocation], ...], w: Workload, hw: Hardware) -> dict[int, float]:
+    """Resident bytes of every call on a GPU plus the largest active bytes of any call there."""
+    allocs = dict(calls)
+    resident = np.zeros(hw.num_gpus)
+    active = np.zeros(hw.num_gpus)
+    used = np.zeros(hw.num_gpus, dtype=bool)
+    for call, alloc in calls:
+        own = call not in TRAINED_BY or not shares_training_layout(call, alloc, allocs[TRAINED_BY[call]])
+        res, act = call_memory(call, w.spec(call), alloc, w, own)
+        index = _device_index(alloc)
+        resident[index] += res
+        active[index] = np.maximum(active[index], act)
+        used[index] = True
+    total = resident + active
+    return {int(d): float(total[d]) for d in np.flatnonzero(used)}

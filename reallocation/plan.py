@@ -8,8 +8,10 @@ the elements it lacks:
 - a destination rank that already holds part of its destination box (it is also a source rank
   holding an overlapping box) copies that part locally (``Plan.local_copies``); nothing is sent;
 - every other element of the destination box is sent once, from one source rank that holds it.
-  Source ranks are chosen to balance load: among the holders of a piece, the one that has been
-  given the fewest elements to send so far (ties rotate with the destination rank).
+  With ``gpus_per_node`` given, a holder on the destination's own node is preferred (node =
+  rank // gpus_per_node; ReaL's ``_assign_src_to_dsts`` does the same), so nothing crosses nodes
+  when the destination's node has a full replica. Among the preferred holders the one that has
+  been given the fewest elements to send so far sends (ties rotate with the destination rank).
 
 So the elements moved equal the lower bound (``lower_bound_elements``): for each destination
 rank, the elements it needs and does not hold. The gather-everything-then-broadcast scheme of most
@@ -144,8 +146,10 @@ def source_pieces(name: str, holdings: Mapping[int, Box], shape: Shape) -> list[
     return pieces
 
 
-def make_plan(src: Holdings, dst: Holdings, shapes: Mapping[str, Shape]) -> Plan:
+def make_plan(src: Holdings, dst: Holdings, shapes: Mapping[str, Shape], *, gpus_per_node: int | None = None) -> Plan:
     """Plan the transfers that give every destination rank its ``dst`` boxes.
+
+    ``gpus_per_node``: prefer senders on the destination's node (None: every holder is as near).
 
     ``src`` must hold every parameter of ``dst``, and for each parameter the distinct source
     boxes must partition it (true for every ``Layout``). Deterministic: every rank computes the
@@ -171,9 +175,12 @@ def make_plan(src: Holdings, dst: Holdings, shapes: Mapping[str, Shape]) -> Plan
                     part = intersect(missing_box, piece_box)
                     if part is None:
                         continue
-                    # Least-loaded holder; ties rotate with the destination so that replicas
-                    # of a piece are drained evenly.
-                    src_rank = min(holders, key=lambda h: (load[h], (holders.index(h) - d) % len(holders)))
+                    # Same-node holders first, then the least-loaded; ties rotate with the
+                    # destination so that replicas of a piece are drained evenly.
+                    near = holders
+                    if gpus_per_node:
+                        near = [h for h in holders if h // gpus_per_node == d // gpus_per_node] or holders
+                    src_rank = min(near, key=lambda h: (load[h], (holders.index(h) - d) % len(holders)))
                     load[src_rank] += box_numel(part)
                     grouped.setdefault((name, part, src_rank), []).append(d)
     transfers = tuple(Transfer(n, b, s, tuple(ds)) for (n, b, s), ds in grouped.items())

@@ -1,218 +1,277 @@
-"""Execution-plan search (ReaL-style): pick an allocation for every model function call so that a
-simulated PPO iteration is shortest.
+"""Execution-plan search (ReaL-style): give every PPO call an allocation so that the estimated
+steady-state iteration is shortest, among plans that fit in GPU memory.
 
-- ``ppo_calls`` builds the PPO dataflow graph: actor_gen -> {rew_inf, ref_inf, critic_inf} ->
-  {actor_train, critic_train}.
-- ``candidates`` enumerates allocations per call: aligned device meshes (1, 2, 4, ... GPUs inside
-  a node, or whole nodes) x (pp, dp, tp) factorizations (training uses FSDP for dp), pruned by
-  memory, keeping the fastest ``max_per_call``.
-- ``simulate`` list-schedules the graph over a few iterations: a call starts when its inputs are
-  ready and its GPUs are free; calls on overlapping meshes serialize; when a model's call runs
-  on a different allocation from the model's previous call, a reallocation (``realloc_time``)
-  occupies both meshes first. Only updated parameters move: after a model trains, its other
-  allocations receive the update before their next call (the training copy is never freed, as
-  in ReaL). A plan whose resident memory overflows a GPU costs x3 (ReaL).
-- ``mcmc_search``: Metropolis over plans starting from each call's fastest candidate: re-pick one
-  call's candidate at random, accept a worse plan with probability ``exp(-beta * relative
-  increase)``, keep the best seen. Deterministic for a seed.
+- Candidates per call (``candidates.py``): ReaL's device meshes x (pp, dp, tp) x micro-batches,
+  checkpointing and offload, each fitting alone, Pareto-pruned per mesh (no top-k cut: small
+  meshes survive at scale).
+- The search starts from the best baseline that fits (``baselines.py``: ReaL-Heuristic,
+  symmetric, disjoint), so it never returns a worse plan, and alternates two moves until the time
+  budget runs out: *descent* tries every candidate of one call at a time and keeps the best
+  fitting plan (candidates slower alone than the current iteration are skipped: they cannot
+  help); *Metropolis* re-picks a random call's candidate at random and accepts a worse plan with
+  probability ``exp(-beta * relative increase)`` (ReaL's MCMC move), with plans that overflow
+  memory priced by their overflow so that the chain can cross them but never end on one.
+- ``search_plan`` returns only a plan that fits; when nothing fits it raises ``NoFitError`` with
+  the smallest overflow seen.
 
-Example::
+CLI (``python -m reallocation.search --help``)::
 
-    calls = ppo_calls(ModelSpec.from_hf_config(actor_cfg), ModelSpec.from_hf_config(critic_cfg),
-                      batch=512, prompt_len=512, gen_len=512)
-    result = mcmc_search(calls, Hardware(num_nodes=2), steps=5000, seed=0)
-    for name, alloc in result.plan.items(): print(name, alloc)
+    python -m reallocation.search --actor llama-2-7b --critic llama-2-7b --nodes 1 --gpus-per-node 8 \\
+        --batch 512 --prompt-len 128 --gen-len 896 --seconds 30 --out plan.yaml
 """
 
 from __future__ import annotations
 
+import argparse
 import math
 import random
-from collections import defaultdict
-from dataclasses import dataclass, field
+import sys
+import time
+from dataclasses import dataclass
 
-from reallocation.estimator import (
-    GENERATE, INFERENCE, TRAIN, Allocation, Call, Hardware, active_memory, estimate_time, fits, realloc_time,
-    static_memory,
-)
-from reallocation.layout import Layout, ModelSpec
+from reallocation.baselines import BASELINES, baselines
+from reallocation.candidates import candidates, seconds
+from reallocation.estimator import Hardware, PlanCost, Workload, _estimate, estimate_plan, hardware
+from reallocation.execution_plan import CallAllocation, ExecutionPlan
+from reallocation.shapes import named_spec
 
-Plan = dict[str, Allocation]
-
-
-def ppo_calls(actor: ModelSpec, critic: ModelSpec, *, batch: int, prompt_len: int, gen_len: int,
-              reward: ModelSpec | None = None) -> list[Call]:
-    """The six calls of one PPO iteration (reward model defaults to the critic's shape)."""
-    reward = reward or critic
-    common = dict(batch=batch, prompt_len=prompt_len, gen_len=gen_len)
-    return [
-        Call("actor_gen", "actor", GENERATE, actor, **common),
-        Call("rew_inf", "reward", INFERENCE, reward, deps=("actor_gen",), **common),
-        Call("ref_inf", "ref", INFERENCE, actor, deps=("actor_gen",), **common),
-        Call("critic_inf", "critic", INFERENCE, critic, deps=("actor_gen",), **common),
-        Call("actor_train", "actor", TRAIN, actor, deps=("rew_inf", "ref_inf", "critic_inf"), **common),
-        Call("critic_train", "critic", TRAIN, critic, deps=("rew_inf", "ref_inf", "critic_inf"), **common),
-    ]
+__all__ = ["NoFitError", "SearchReport", "Workload", "estimate_plan", "hardware", "named_spec", "search",
+           "search_plan"]
 
 
-def device_meshes(hw: Hardware) -> list[tuple[int, int]]:
-    """(first GPU, size): aligned power-of-two blocks inside a node, or runs of whole nodes."""
-    meshes = []
-    size = 1
-    while size <= hw.gpus_per_node:
-        for node in range(hw.num_nodes):
-            for first in range(0, hw.gpus_per_node, size):
-                meshes.append((node * hw.gpus_per_node + first, size))
-        size *= 2
-    for num in range(2, hw.num_nodes + 1):
-        for node in range(hw.num_nodes - num + 1):
-            meshes.append((node * hw.gpus_per_node, num * hw.gpus_per_node))
-    return meshes
+class NoFitError(ValueError):
+    """No plan fits in GPU memory; ``overflow_bytes`` is the smallest overflow found."""
 
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def candidates(call: Call, hw: Hardware, max_per_call: int = 64) -> list[Allocation]:
-    """Feasible allocations for ``call``, fastest first."""
-    spec = call.spec
-    out = []
-    for first, size in device_meshes(hw):
-        for tp in _divisors(size):
-            # TP stays inside a node and must split heads (and kv heads, or replicate them).
-            kv_ok = spec.num_kv_heads % tp == 0 or tp % spec.num_kv_heads == 0
-            if tp > hw.gpus_per_node or spec.num_heads % tp or not kv_ok:
-                continue
-            for pp in _divisors(size // tp):
-                dp = size // (tp * pp)
-                if pp > spec.num_layers or call.batch < dp:
-                    continue
-                layout = Layout(pp=pp, tp=tp, fsdp=dp) if call.kind == TRAIN else Layout(pp=pp, tp=tp, dp=dp)
-                alloc = Allocation(first, size, layout)
-                if fits(call, alloc, hw):
-                    out.append(alloc)
-    out.sort(key=lambda a: (estimate_time(call, a, hw), a.size, a.first))
-    return out[:max_per_call]
+    def __init__(self, message: str, overflow_bytes: float) -> None:
+        super().__init__(message)
+        self.overflow_bytes = overflow_bytes
 
 
 @dataclass
-class Simulation:
-    seconds_per_iteration: float
-    peak_memory_bytes: float  # the fullest GPU's resident + largest active memory
-    realloc_seconds: float  # per iteration, summed over reallocations
-    feasible: bool
+class SearchReport:
+    plan: ExecutionPlan
+    cost: PlanCost
+    baselines: dict[str, tuple[ExecutionPlan | None, PlanCost | None]]
+    search_seconds: float
+    num_evaluations: int
+    start: str  # the baseline the search started from
 
 
-def simulate(calls: list[Call], plan: Plan, hw: Hardware, num_iterations: int = 3) -> Simulation:
-    """List-schedule ``num_iterations`` iterations of the graph under ``plan``."""
-    by_name = {c.name: c for c in calls}
-    gpu_free = defaultdict(float)  # GPU -> time it becomes free
-    # model -> allocations holding the latest parameters (all of them before the first update;
-    # a training call leaves only its own, and others must receive the update before use).
-    fresh: dict[str, set[Allocation]] = {}
-    end: dict[tuple[int, str], float] = {}
-    realloc_total = 0.0
-    order = _topological(calls)
-    for it in range(num_iterations):
-        for name in order:
-            call, alloc = by_name[name], plan[name]
-            ready = max([end[it, d] for d in call.deps] + [end.get((it - 1, name), 0.0)])
-            start = max([ready] + [gpu_free[g] for g in alloc.gpus])
-            holders = fresh.get(call.model)
-            if holders is not None and alloc not in holders:
-                src = min(holders, key=lambda a: (realloc_time(call.spec, a, alloc, hw), a.first, a.size))
-                moved = realloc_time(call.spec, src, alloc, hw)
-                start = max([start] + [gpu_free[g] for g in src.gpus]) + moved
-                realloc_total += moved
-                for g in src.gpus:
-                    gpu_free[g] = max(gpu_free[g], start)
-                holders.add(alloc)
-            finish = start + estimate_time(call, alloc, hw)
-            for g in alloc.gpus:
-                gpu_free[g] = finish
-            end[it, name] = finish
-            if call.kind == TRAIN:
-                fresh[call.model] = {alloc}
-    # Memory: every (model, allocation) pair keeps its weights resident (ReaL keeps training
-    # parameters and the generation copy); active memory is one call at a time per GPU.
-    resident = defaultdict(float)
-    active = defaultdict(float)
-    seen = set()
-    for call in calls:
-        alloc = plan[call.name]
-        key = (call.model, alloc, call.kind == TRAIN)
-        for g in alloc.gpus:
-            if key not in seen:
-                resident[g] += static_memory(call, alloc)
-            active[g] = max(active[g], active_memory(call, alloc))
-        seen.add(key)
-    peak = max(resident[g] + active[g] for g in set(resident) | set(active))
-    total = max(end.values()) / num_iterations
-    return Simulation(total, peak, realloc_total / num_iterations, peak <= hw.gpu_memory_bytes)
+def _penalized(cost: PlanCost, hw: Hardware) -> float:
+    """Overflowing plans cost more the more they overflow (for the chain's moves only)."""
+    return cost.seconds_per_iteration * (1 + 4 * cost.overflow_bytes / hw.gpu_memory_bytes) + (
+        1e3 if not cost.fits else 0.0)
 
 
-def _topological(calls: list[Call]) -> list[str]:
-    done: list[str] = []
-    pending = [c.name for c in calls]
-    deps = {c.name: set(c.deps) for c in calls}
-    while pending:
-        ready = [n for n in pending if deps[n] <= set(done)]
-        if not ready:
-            raise ValueError(f"dependency cycle among {pending}")
-        done.extend(ready)
-        pending = [n for n in pending if n not in ready]
-    return done
-
-
-def cost(calls: list[Call], plan: Plan, hw: Hardware) -> float:
-    sim = simulate(calls, plan, hw)
-    return sim.seconds_per_iteration * (1 if sim.feasible else 3)
-
-
-def heuristic_plan(calls: list[Call], hw: Hardware) -> Plan:
-    """Every call on all GPUs (the colocated layout of most RLHF systems): the smallest TP that
-    fits, the rest data parallel (FSDP for training)."""
-    plan = {}
-    for call in calls:
-        options = [a for a in candidates(call, hw, max_per_call=10_000) if a.size == hw.num_gpus and a.layout.pp == 1]
-        if not options:
-            raise ValueError(f"{call.name} does not fit on all {hw.num_gpus} GPUs")
-        plan[call.name] = min(options, key=lambda a: a.layout.tp)
-    return plan
-
-
-@dataclass
-class SearchResult:
-    plan: Plan
-    cost: float
-    simulation: Simulation
-    initial_cost: float
-    history: list[float] = field(default_factory=list)  # best cost after each accepted improvement
-
-
-def mcmc_search(calls: list[Call], hw: Hardware, *, steps: int = 2000, beta: float = 20.0, seed: int = 0,
-                max_per_call: int = 64, start: Plan | None = None) -> SearchResult:
-    """Metropolis search over plans (one candidate per call)."""
-    rng = random.Random(seed)
-    options = {c.name: candidates(c, hw, max_per_call) for c in calls}
-    empty = [n for n, o in options.items() if not o]
+def search(workload: Workload, hw: Hardware, *, seconds_budget: float, seed: int = 0, beta: float = 30.0,
+           progress: bool = False) -> SearchReport:
+    """Search for ``seconds_budget`` seconds (candidate enumeration and baselines included)."""
+    t0 = time.perf_counter()
+    deadline = t0 + seconds_budget
+    names = list(workload.calls)
+    base = baselines(workload, hw)
+    options = {c: candidates(c, workload, hw) for c in names}
+    empty = [c for c, o in options.items() if not o]
     if empty:
-        raise ValueError(f"no allocation fits for {empty}")
-    current = dict(start) if start else {n: o[0] for n, o in options.items()}
-    current_cost = cost(calls, current, hw)
-    best, best_cost = dict(current), current_cost
-    history = [best_cost]
-    names = [c.name for c in calls]
-    for _ in range(steps):
-        name = rng.choice(names)
-        proposal = dict(current)
-        proposal[name] = rng.choice(options[name])
-        proposal_cost = cost(calls, proposal, hw)
-        worse = (proposal_cost - current_cost) / current_cost
-        if worse <= 0 or rng.random() < math.exp(-beta * worse):
-            current, current_cost = proposal, proposal_cost
-            if current_cost < best_cost:
-                best, best_cost = dict(current), current_cost
-                history.append(best_cost)
-    return SearchResult(best, best_cost, simulate(calls, best, hw), history[0], history)
+        smallest = min((b[1].overflow_bytes for b in base.values() if b[1] is not None), default=math.inf)
+        raise NoFitError(f"no allocation of {empty} fits on any mesh of {hw.num_nodes}x{hw.gpus_per_node} "
+                         f"{hw.name} GPUs even alone; smallest baseline overflow {smallest / 2**30:.1f} GiB",
+                         smallest)
+    fitting = [(cost.seconds_per_iteration, name) for name, (plan, cost) in base.items() if cost and cost.fits]
+    if fitting:
+        start_name = min(fitting)[1]
+        current = dict(base[start_name][0].calls)  # type: ignore[union-attr]
+    else:
+        start_name = "fastest"
+        current = {c: options[c][0] for c in names}
+    rng = random.Random(seed)
+    state = _State(workload, hw, names)
+    current_cost = state.evaluate(current)
+    best = (current_cost if current_cost.fits else None, dict(current))
+    smallest_overflow = current_cost.overflow_bytes
+    bar = _progress(progress, seconds_budget)
+    while time.perf_counter() < deadline:
+        improved = True
+        while improved and time.perf_counter() < deadline:  # descent, one call at a time
+            improved = False
+            for call in names:
+                found = state.best_for(call, current, options[call], deadline)
+                if found is not None and found[1].seconds_per_iteration < current_cost.seconds_per_iteration - 1e-12:
+                    current[call], current_cost, improved = found[0], found[1], True
+        if current_cost.fits and (best[0] is None or current_cost.seconds_per_iteration < best[0].seconds_per_iteration):
+            best = (current_cost, dict(current))
+        # Metropolis walk away from the local optimum, then descend again from where it ends.
+        walk_cost = _penalized(current_cost, hw)
+        for _ in range(200):
+            if time.perf_counter() >= deadline:
+                break
+            call = rng.choice(names)
+            proposal = dict(current)
+            proposal[call] = rng.choice(options[call])
+            cost = state.evaluate(proposal)
+            smallest_overflow = min(smallest_overflow, cost.overflow_bytes)
+            new = _penalized(cost, hw)
+            if new <= walk_cost or rng.random() < math.exp(-beta * (new - walk_cost) / walk_cost):
+                current, current_cost, walk_cost = proposal, cost, new
+                if cost.fits and (best[0] is None or cost.seconds_per_iteration < best[0].seconds_per_iteration):
+                    best = (cost, dict(current))
+        if best[0] is not None and rng.random() < 0.5:
+            current, current_cost = dict(best[1]), best[0]  # restart half the walks from the best
+        bar(time.perf_counter() - t0, best[0])
+    bar(None, best[0])
+    if best[0] is None:
+        raise NoFitError(f"no execution plan fits in {hw.gpu_memory_bytes / 2**30:.0f} GiB per GPU; the smallest "
+                         f"overflow found is {smallest_overflow / 2**30:.2f} GiB", smallest_overflow)
+    plan = ExecutionPlan(hw.num_nodes, hw.gpus_per_node, {c: best[1][c] for c in names}, source="search")
+    return SearchReport(plan, best[0], base, time.perf_counter() - t0, state.num_evaluations, start_name)
+
+
+class _State:
+    """Plan evaluation with a per-plan cache (the chain revisits plans often)."""
+
+    def __init__(self, w: Workload, hw: Hardware, names: list[str]) -> None:
+        self.w, self.hw, self.names = w, hw, names
+        self.cache: dict[tuple[CallAllocation, ...], PlanCost] = {}
+        self.num_evaluations = 0
+
+    def evaluate(self, calls: dict[str, CallAllocation]) -> PlanCost:
+        key = tuple(calls[c] for c in self.names)
+        cost = self.cache.get(key)
+        if cost is None:
+            self.num_evaluations += 1
+            cost = _estimate(tuple(zip(self.names, key)), self.w, self.hw)
+            if len(self.cache) > 500_000:
+                self.cache.clear()
+            self.cache[key] = cost
+        return cost
+
+    def best_for(self, call: str, current: dict[str, CallAllocation], options: list[CallAllocation],
+                 deadline: float) -> tuple[CallAllocation, PlanCost] | None:
+        """The fitting plan that changes only ``call`` with the shortest iteration."""
+        bound = self.evaluate(current).seconds_per_iteration if self.evaluate(current).fits else math.inf
+        best = None
+        for i, alloc in enumerate(options):
+            if seconds(call, alloc, self.w, self.hw) >= bound:
+                break  # options are sorted by time alone; none further can beat the bound
+            if i % 256 == 0 and time.perf_counter() >= deadline:
+                break
+            cost = self.evaluate(dict(current, **{call: alloc}))
+            if cost.fits and cost.seconds_per_iteration < bound:
+                best, bound = (alloc, cost), cost.seconds_per_iteration
+        return best
+
+
+def _progress(enabled: bool, total: float):
+    if not enabled:
+        return lambda elapsed, cost: None
+    from tqdm import tqdm
+
+    bar = tqdm(total=round(total), unit="s", desc="plan search", file=sys.stderr)
+    state = {"shown": 0}
+
+    def update(elapsed: float | None, cost: PlanCost | None) -> None:
+        if cost is not None:
+            bar.set_postfix_str(f"best {cost.seconds_per_iteration:.2f} s/it")
+        if elapsed is None:
+            bar.close()
+            return
+        step = min(round(elapsed), round(total)) - state["shown"]
+        if step > 0:
+            bar.update(step)
+            state["shown"] += step
+
+    return update
+
+
+def search_plan(workload: Workload, hw: Hardware, *, seconds: float, seed: int = 0) -> tuple[ExecutionPlan, PlanCost]:
+    """The best fitting plan found in ``seconds`` (never worse than a fitting baseline)."""
+    report = search(workload, hw, seconds_budget=seconds, seed=seed)
+    return report.plan, report.cost
+
+
+def _fmt_baseline(cost: PlanCost | None) -> str:
+    if cost is None:
+        return "n/a"
+    return f"{cost.seconds_per_iteration:.2f} s" if cost.fits else "oom"
+
+
+def summary_line(report: SearchReport) -> str:
+    b = report.baselines
+    return (f"best {report.cost.seconds_per_iteration:.2f} s/iteration, fits; "
+            f"ReaL-Heuristic {_fmt_baseline(b['real_heuristic'][1])}; symmetric {_fmt_baseline(b['symmetric'][1])}; "
+            f"disjoint {_fmt_baseline(b['disjoint'][1])}; searched in {report.search_seconds:.1f} s")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reallocation.search", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--actor", required=True, help="named shape (llama-2-7b .. llama-2-70b, "
+                        "qwen2.5-math-1.5b, qwen2.5-math-7b) or an HF model dir with config.json")
+    parser.add_argument("--critic", required=True)
+    parser.add_argument("--reward", default=None, help="reward model shape; omit for a rule-based reward")
+    parser.add_argument("--nodes", type=int, required=True)
+    parser.add_argument("--gpus-per-node", type=int, required=True)
+    parser.add_argument("--gpu", default="a100-80g", choices=["a100-80g", "h100", "h200", "cpu"])
+    parser.add_argument("--batch", type=int, required=True)
+    parser.add_argument("--prompt-len", type=int, required=True)
+    parser.add_argument("--gen-len", type=int, required=True)
+    parser.add_argument("--seconds", type=float, default=60.0, help="search time budget")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--profile", default=None, help="PROFILE.json from python -m reallocation.profile")
+    parser.add_argument("--out", default=None, help="write the plan here (YAML)")
+    args = parser.parse_args(argv)
+    try:
+        w = Workload(named_spec(args.actor), named_spec(args.critic),
+                     named_spec(args.reward) if args.reward else None, args.batch, args.prompt_len, args.gen_len)
+        profile = None
+        if args.profile:
+            from reallocation.profile import Profile
+
+            profile = Profile.load(args.profile)
+        hw = hardware(args.gpu, args.nodes, args.gpus_per_node, profile)
+        report = search(w, hw, seconds_budget=args.seconds, seed=args.seed, progress=sys.stderr.isatty())
+    except NoFitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(format_report(report, hw))
+    if args.out:
+        report.plan.save(args.out)
+        print(f"wrote {args.out}")
+    print(summary_line(report))
+    return 0
+
+
+def format_report(report: SearchReport, hw: Hardware) -> str:
+    lines = [f"plan ({report.plan.num_devices} of {hw.num_gpus} GPUs, started from {report.start}, "
+             f"{report.num_evaluations} plans evaluated):"]
+    for call, alloc in report.plan.calls.items():
+        lines.append(f"  {call:<13} {alloc.describe():<44} {report.cost.call_seconds[call]:8.2f} s")
+    lines.append(f"  reallocation (both ways, per iteration) {report.cost.realloc_seconds:.2f} s")
+    peaks = report.cost.peak_bytes_per_device
+    by_value: dict[str, list[int]] = {}
+    for d, v in sorted(peaks.items()):
+        by_value.setdefault(f"{v / 2**30:.1f}", []).append(d)
+    lines.append(f"peak memory per GPU (GiB of {hw.gpu_memory_bytes / 2**30:.0f}):")
+    for value, devices in sorted(by_value.items(), key=lambda kv: -float(kv[0])):
+        lines.append(f"  {value:>6} GiB on {_ranges(devices)}")
+    lines.append("baselines:")
+    for name in BASELINES:
+        plan, cost = report.baselines[name]
+        detail = "" if cost is None else f" (peak {cost.peak_bytes / 2**30:.1f} GiB)"
+        lines.append(f"  {name:<15} {_fmt_baseline(cost)}{detail}")
+    return "\n".join(lines)
+
+
+def _ranges(devices: list[int]) -> str:
+    out, start = [], devices[0]
+    for a, b in zip(devices, devices[1:] + [None]):  # type: ignore[operator]
+        if b != a + 1:
+            out.append(f"{start}" if start == a else f"{start}-{a}")
+            start = b
+    return "gpus " + ",".join(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

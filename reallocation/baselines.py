@@ -1,0 +1,170 @@
+"""Baseline execution plans, each an ``ExecutionPlan`` like the search's result.
+
+- ``real_heuristic``: ReaL's own heuristic, the rule of ``PPOConfig._heuristic_rpc_allocation`` in
+  openpsi-project/ReaLHF, realhf/experiments/common/ppo_exp.py (HEAD be75fce9), re-implemented here:
+  generation on all GPUs with pp = max(2, nodes), tp = 1; reference inference on all GPUs with
+  dp = 2, pp = nodes, tp = 4. One node: actor training on GPUs 0-3 and critic training on 4-7, each
+  dp 2 x tp 2 (<= 7B) or tp 4; reward inference on 0-3 and critic inference on 4-7, dp 2 x tp 2.
+  Several nodes: actor training on the first ``min(ceil(nodes * a / (a + c)), nodes - 1)`` nodes
+  (a, c = actor / critic size) and critic training on the rest, each dp 2 x pp (its nodes) x tp 4;
+  reward inference on the first ``ceil(nodes / 2)`` nodes and critic inference on the rest, dp 2 x
+  pp x tp 4.
+  Adaptations, because realm's plan format and runtime need them: ReaL asserts 8 GPUs per node
+  (here 8 becomes ``gpus_per_node`` and 4 becomes ``min(4, gpus_per_node)``); ReaL allows
+  pipeline stages of unequal depth, realm needs pp to divide the layers, so pp drops to the
+  largest such divisor and dp grows to keep the mesh; tp drops (dp grows) when it would not divide
+  the heads; the rule sets no micro-batches or checkpointing, so each call gets the fewest
+  micro-batches (checkpointing only if needed) with which it fits on its GPUs alone.
+- ``symmetric``: DeepSpeed-Chat style: every call on all GPUs with one strategy (pp 1, the same tp
+  for every call, the rest data parallel / ZeRO-3 shards); the fastest tp that fits.
+- ``disjoint``: OpenRLHF style: generation, actor training, critic (training and inference),
+  reference and reward each on their own GPU group; the best split of the cluster into
+  power-of-two groups, each call with its fastest fitting strategy on its group.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+from reallocation.candidates import MICROBATCHES, seconds, strategies
+from reallocation.estimator import Hardware, PlanCost, Workload, _estimate, call_memory
+from reallocation.execution_plan import CALL_KIND, TRAIN, CallAllocation, ExecutionPlan
+from reallocation.shapes import size_in_billions
+
+BASELINES = ("real_heuristic", "symmetric", "disjoint")
+
+
+def _fewest_microbatches(call: str, devices: tuple[int, ...], pp: int, dp: int, tp: int, w: Workload,
+                         hw: Hardware) -> CallAllocation:
+    """The rule's allocation with the fewest micro-batches that fit (checkpointing only if needed);
+    the most memory-frugal one when nothing fits (the plan is then reported as not fitting)."""
+    spec = w.spec(call)
+    tried = []
+    for ckpt in (False, True) if CALL_KIND[call] == TRAIN else (False,):
+        for mb in MICROBATCHES:
+            if dp * mb > w.batch and mb > 1:
+                break
+            alloc = CallAllocation(devices, pp, dp, tp, mb, ckpt)
+            resident, active = call_memory(call, spec, alloc, w)
+            if resident + active <= hw.gpu_memory_bytes:
+                return alloc
+            tried.append((resident + active, alloc))
+    return min(tried, key=lambda t: t[0])[1]
+
+
+def _adapt(call: str, devices: tuple[int, ...], pp: int, tp: int, w: Workload, hw: Hardware) -> CallAllocation:
+    """ReaL's (pp, tp) on ``devices``, with pp and tp lowered until realm can run them."""
+    spec = w.spec(call)
+    while tp > 1 and (spec.num_heads % tp or (spec.num_kv_heads % tp and tp % spec.num_kv_heads)):
+        tp //= 2
+    size = len(devices)
+    pp = max(p for p in range(1, pp + 1) if spec.num_layers % p == 0 and (size // tp) % p == 0)
+    return _fewest_microbatches(call, devices, pp, size // (pp * tp), tp, w, hw)
+
+
+def real_heuristic(w: Workload, hw: Hardware) -> ExecutionPlan:
+    """ReaL's heuristic plan (see the module docstring for the rule and its adaptations)."""
+    n, g = hw.num_nodes, hw.gpus_per_node
+    every = tuple(range(n * g))
+    tp4 = min(4, g)
+    calls = {"actor_gen": _adapt("actor_gen", every, max(2, n), 1, w, hw),
+             "ref_inf": _adapt("ref_inf", every, n, tp4, w, hw)}
+    if n == 1:
+        first, second = tuple(range(g // 2 or 1)), tuple(range(g // 2, g)) or (0,)
+        for call, spec, devices in (("actor_train", w.actor, first), ("critic_train", w.critic, second)):
+            calls[call] = _adapt(call, devices, 1, min(2, g) if size_in_billions(spec) <= 7.5 else tp4, w, hw)
+        if w.reward is not None:
+            calls["rew_inf"] = _adapt("rew_inf", first, 1, min(2, g), w, hw)
+        calls["critic_inf"] = _adapt("critic_inf", second, 1, min(2, g), w, hw)
+    else:
+        a, c = size_in_billions(w.actor), size_in_billions(w.critic)
+        actor_nodes = min(math.ceil(n * a / (a + c)), n - 1)
+        reward_nodes = math.ceil(n / 2)
+        for call, lo, hi in (("actor_train", 0, actor_nodes), ("critic_train", actor_nodes, n),
+                             ("rew_inf", 0, reward_nodes), ("critic_inf", reward_nodes, n)):
+            if call == "rew_inf" and w.reward is None:
+                continue
+            calls[call] = _adapt(call, tuple(range(lo * g, hi * g)), hi - lo, tp4, w, hw)
+    return ExecutionPlan(n, g, calls, source="real_heuristic")
+
+
+def symmetric(w: Workload, hw: Hardware) -> ExecutionPlan:
+    """DeepSpeed-Chat style: all calls on all GPUs, one tp for all, pp 1; the fastest that fits."""
+    every = tuple(range(hw.num_gpus))
+    best: tuple[tuple[bool, float], ExecutionPlan] | None = None
+    for tp in (t for t in range(1, hw.gpus_per_node + 1) if hw.num_gpus % t == 0):
+        calls = {}
+        for call in w.calls:
+            options = strategies(call, every, w, hw, pp_one=True, tp=tp)
+            if not options:
+                break
+            calls[call] = options[0]
+        if len(calls) < len(w.calls):
+            continue
+        plan = ExecutionPlan(hw.num_nodes, hw.gpus_per_node, calls, source="symmetric")
+        cost = _estimate(tuple((c, calls[c]) for c in w.calls), w, hw)
+        key = (not cost.fits, cost.seconds_per_iteration if cost.fits else cost.overflow_bytes)
+        if best is None or key < best[0]:
+            best = (key, plan)
+    if best is None:  # nothing fits even alone: tp 1 with the fewest micro-batches, reported as oom
+        calls = {c: _fewest_microbatches(c, every, 1, hw.num_gpus, 1, w, hw) for c in w.calls}
+        return ExecutionPlan(hw.num_nodes, hw.gpus_per_node, calls, source="symmetric")
+    return best[1]
+
+
+GROUPS = ("gen", "actor", "critic", "ref", "reward")
+GROUP_CALLS = {"gen": ("actor_gen",), "actor": ("actor_train",), "critic": ("critic_train", "critic_inf"),
+               "ref": ("ref_inf",), "reward": ("rew_inf",)}
+
+
+def _group_sizes(num_gpus: int, num_groups: int) -> list[tuple[int, ...]]:
+    """Ordered tuples of powers of two summing to ``num_gpus``."""
+    powers = [1 << k for k in range(num_gpus.bit_length()) if (1 << k) <= num_gpus]
+    return [s for s in itertools.product(powers, repeat=num_groups) if sum(s) == num_gpus]
+
+
+def disjoint(w: Workload, hw: Hardware) -> ExecutionPlan:
+    """OpenRLHF style: one GPU group per model role (generation apart from actor training)."""
+    groups = [g for g in GROUPS if g != "reward" or w.reward is not None]
+    best: tuple[tuple[bool, float], ExecutionPlan] | None = None
+    for sizes in _group_sizes(hw.num_gpus, len(groups)):
+        # Largest groups first keeps every group aligned (powers of two, sorted descending).
+        order = sorted(range(len(groups)), key=lambda i: -sizes[i])
+        start, meshes = 0, {}
+        for i in order:
+            meshes[groups[i]] = tuple(range(start, start + sizes[i]))
+            start += sizes[i]
+        if any(len(m) > hw.gpus_per_node and len(m) % hw.gpus_per_node for m in meshes.values()):
+            continue
+        calls = {}
+        for group, mesh in meshes.items():
+            for call in GROUP_CALLS[group]:
+                options = strategies(call, mesh, w, hw)
+                if options:
+                    calls[call] = options[0]
+        if len(calls) < len(w.calls):
+            continue
+        cost = _estimate(tuple((c, calls[c]) for c in w.calls), w, hw)
+        key = (not cost.fits, cost.seconds_per_iteration if cost.fits else cost.overflow_bytes)
+        if best is None or key < best[0]:
+            best = (key, ExecutionPlan(hw.num_nodes, hw.gpus_per_node, calls, source="disjoint"))
+    if best is None:
+        raise ValueError(f"disjoint: no split of {hw.num_gpus} GPUs gives every call a fitting allocation")
+    return best[1]
+
+
+def baselines(w: Workload, hw: Hardware) -> dict[str, tuple[ExecutionPlan | None, PlanCost | None]]:
+    """Every baseline's plan and cost; ``(None, None)`` when a baseline cannot even be built."""
+    out: dict[str, tuple[ExecutionPlan | None, PlanCost | None]] = {}
+    for name, build in (("real_heuristic", real_heuristic), ("symmetric", symmetric), ("disjoint", disjoint)):
+        try:
+            plan = build(w, hw)
+        except ValueError:
+            out[name] = (None, None)
+            continue
+        out[name] = (plan, _estimate(tuple((c, plan.calls[c]) for c in w.calls), w, hw))
+    return out
+
+
+__all__ = ["BASELINES", "baselines", "disjoint", "real_heuristic", "seconds", "symmetric"]

@@ -1,0 +1,96 @@
+"""Candidate allocations of one PPO call: device meshes x parallel strategies x knobs.
+
+Meshes follow ReaL's ``DeviceMesh`` rule: 1, 2, 4, ... aligned GPUs inside one node, or a run of
+whole contiguous nodes. On a mesh a strategy is ``(pp, dp, tp)`` with TP inside a node and
+dividing the heads (kv heads divide it or it divides them), pp dividing the layers, and every
+replica getting at least one sequence per micro-batch. Knobs: ``num_microbatches`` (powers of
+two), activation checkpointing (training) and offload (reference / reward). A candidate must fit
+on its GPUs alone; ``pareto`` then drops the ones another candidate on the same GPUs beats in
+time, resident and active memory at once.
+"""
+
+from __future__ import annotations
+
+from reallocation.estimator import Hardware, Workload, call_memory, call_seconds, offload_seconds
+from reallocation.execution_plan import CALL_KIND, OFFLOADABLE, TRAIN, CallAllocation
+
+MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
+
+
+def device_meshes(hw: Hardware) -> list[tuple[int, ...]]:
+    """Aligned power-of-two blocks inside a node, then runs of whole nodes."""
+    meshes = []
+    size = 1
+    while size <= hw.gpus_per_node:
+        if hw.gpus_per_node % size == 0:
+            for node in range(hw.num_nodes):
+                for first in range(0, hw.gpus_per_node, size):
+                    start = node * hw.gpus_per_node + first
+                    meshes.append(tuple(range(start, start + size)))
+        size *= 2
+    for num in range(2, hw.num_nodes + 1):
+        for node in range(hw.num_nodes - num + 1):
+            meshes.append(tuple(range(node * hw.gpus_per_node, (node + num) * hw.gpus_per_node)))
+    return meshes
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def strategies(call: str, devices: tuple[int, ...], w: Workload, hw: Hardware, *, pp_one: bool = False,
+               tp: int | None = None) -> list[CallAllocation]:
+    """Every ``(pp, dp, tp, knobs)`` of ``call`` on ``devices`` that fits alone, fastest first."""
+    spec, kind = w.spec(call), CALL_KIND[call]
+    out = []
+    for t in _divisors(len(devices)) if tp is None else [tp]:
+        kv_ok = spec.num_kv_heads % t == 0 or t % spec.num_kv_heads == 0
+        if t > hw.gpus_per_node or spec.num_heads % t or not kv_ok or len(devices) % t:
+            continue
+        for pp in [1] if pp_one else _divisors(len(devices) // t):
+            dp = len(devices) // (t * pp)
+            if spec.num_layers % pp or w.batch < dp:
+                continue
+            for mb in MICROBATCHES:
+                if dp * mb > w.batch:
+                    break
+                for ckpt in (False, True) if kind == TRAIN else (False,):
+                    for offload in (False, True) if call in OFFLOADABLE else (False,):
+                        alloc = CallAllocation(devices, pp, dp, t, mb, ckpt, offload)
+                        resident, active = call_memory(call, spec, alloc, w)
+                        if resident + active <= hw.gpu_memory_bytes:
+                            out.append(alloc)
+    out.sort(key=lambda a: (seconds(call, a, w, hw), a.num_microbatches, a.activation_checkpointing, a.offload))
+    return out
+
+
+def seconds(call: str, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:
+    spec = w.spec(call)
+    return call_seconds(call, spec, alloc, w, hw) + offload_seconds(spec, alloc, hw)
+
+
+def pareto(call: str, allocs: list[CallAllocation], w: Workload) -> list[CallAllocation]:
+    """Drop allocations beaten on (time, resident, active) by one on the same devices.
+
+    ``allocs`` must be sorted by time (``strategies`` does that), so a later one is dominated when
+    an earlier one on its GPUs needs no more resident and no more active memory.
+    """
+    kept: dict[tuple[int, ...], list[tuple[float, float]]] = {}
+    out = []
+    for a in allocs:
+        res, act = call_memory(call, w.spec(call), a, w)
+        front = kept.setdefault(a.devices, [])
+        if any(r <= res and c <= act for r, c in front):
+            continue
+        front.append((res, act))
+        out.append(a)
+    return out
+
+
+def candidates(call: str, w: Workload, hw: Hardware) -> list[CallAllocation]:
+    """Pareto-pruned candidates of ``call`` over all meshes, fastest first."""
+    out = []
+    for mesh in device_meshes(hw):
+        out.extend(pareto(call, strategies(call, mesh, w, hw), w))
+    out.sort(key=lambda a: (seconds(call, a, w, hw), len(a.devices), a.devices))
+    return out
