@@ -16,18 +16,12 @@ without replacement (like the unbiased pass@k estimator), not the first N: with 
 score (ties: lower sample index first), the one at rank r is the pick with probability
 C(n-1-r, N-1) / C(n, N).
 
-    python -m eval.best_of_n RUN_DIR --rm builtin:synthetic-prm --kind prm
-    python -m eval.best_of_n RUN_DIR --rm /models/math-shepherd --kind prm --aggregations min,last
-
-The scorer is any function of (question, response) pairs (``Scorer``); the CLI builds one from
-``rewards.reward_model`` lazily, so evaluation itself does not depend on ``rewards``.
+The scorer is any function of (question, response) pairs (``Scorer``): evaluation does not depend
+on ``rewards``. The command that scores with a reward model is ``python -m rewards.best_of_n``.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -135,29 +129,6 @@ def group_samples(records: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]
     return [sorted(v, key=lambda r: r["sample_index"]) for v in by_id.values()]
 
 
-def reward_model_scorer(path: str, kind: str, step_delimiter: str = "") -> Scorer:
-    """A Scorer from ``rewards.reward_model`` (imported here, lazily: eval does not depend on rewards)."""
-    from rewards.config import RewardKind, RewardModelConfig
-    from rewards.reward_model import load_reward_model
-    from rewards.segment import split_steps
-
-    model_dir = Path(path)
-    if path.startswith("builtin:"):
-        from rewards.train_rm import ensure_builtin
-
-        model_dir = ensure_builtin(path)
-    rm = load_reward_model(model_dir, RewardModelConfig(path=path), RewardKind(kind))
-    delimiter = step_delimiter or rm.info.get("step_delimiter", "\n\n")
-
-    def score(pairs: Sequence[tuple[str, str]]) -> list[Any]:
-        questions = [q for q, _ in pairs]
-        if kind == "orm":
-            return rm.score_outcomes(questions, [r for _, r in pairs])
-        return rm.score_steps(questions, [split_steps(r, delimiter) for _, r in pairs])
-
-    return score
-
-
 def render_markdown(curves: dict[str, dict[str, float]], meta: dict[str, Any]) -> str:
     ns = list(next(iter(curves.values())))
     lines = [f"# Best-of-N on {meta.get('run_dir', '?')}", "",
@@ -208,30 +179,3 @@ def run_best_of_n(run_dir: Path, scorer: Scorer, kind: str, aggregations: Sequen
     write_atomic(run_dir / "best_of_n.md", render_markdown(curves, meta))
     plot(curves, run_dir / "best_of_n.png")
     return result
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.best_of_n", description="Rerank sampled responses with a reward model.")
-    parser.add_argument("run_dir", help="an evaluation run directory with n > 1 samples per problem")
-    parser.add_argument("--rm", required=True, help="reward model directory or builtin:synthetic-prm / builtin:synthetic-orm")
-    parser.add_argument("--kind", choices=("orm", "prm"), required=True)
-    parser.add_argument("--aggregations", default="min,last,product", help="PRM aggregations (comma-separated)")
-    parser.add_argument("--step-delimiter", default="", help="PRM step delimiter (default: the RM's own, else a blank line)")
-    args = parser.parse_args(argv)
-    aggregations = [a for a in args.aggregations.split(",") if a]
-    run_dir = Path(args.run_dir)
-    try:
-        for a in aggregations:
-            aggregate([1.0], a)  # validate names before the (slow) scoring
-        scorer = reward_model_scorer(args.rm, args.kind, args.step_delimiter)
-        result = run_best_of_n(run_dir, scorer, args.kind, aggregations, args.rm)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(json.dumps(result["curves"]), file=sys.stderr)
-    print(run_dir)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

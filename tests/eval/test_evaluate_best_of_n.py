@@ -6,7 +6,8 @@ from itertools import combinations
 
 import pytest
 
-from eval.best_of_n import aggregate, best_of_n_curves, expected_best_of_n, main, run_best_of_n, score_samples
+from eval.best_of_n import aggregate, best_of_n_curves, expected_best_of_n, run_best_of_n, score_samples
+from rewards.best_of_n import main
 
 
 def test_prm_aggregations():
