@@ -20,26 +20,14 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
+
+from eval.problem import Problem
+from eval.synthetic import split_problems
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
-
-
-@dataclass(frozen=True)
-class Problem:
-    """One question with its gold final answer."""
-
-    id: str
-    question: str
-    answer: str
-    """Gold final answer (a number for GSM8K, LaTeX for MATH)."""
-    dataset: str
-    """Grader policy to use: "math" or "gsm8k"."""
-    solution: str | None = None
-    metadata: dict[str, Any] = field(default_factory=dict)
-    """E.g. subject and level for MATH, difficulty for the synthetic task."""
 
 
 class DataError(ValueError):
@@ -188,8 +176,6 @@ def load_problems(
     ``limit`` > 0 keeps a fixed-seed random subset of that size (in original order).
     """
     if name == "synthetic":
-        from eval.synthetic import split_problems
-
         train, heldout = split_problems(synthetic_num_train, synthetic_num_heldout, seed=seed, difficulty=synthetic_difficulty)
         if synthetic_split not in ("train", "heldout"):
             raise DataError(f"synthetic split {synthetic_split!r}: expected 'train' or 'heldout'")

