@@ -13,8 +13,8 @@
   (here 8 becomes ``gpus_per_node`` and 4 becomes ``min(4, gpus_per_node)``); ReaL allows
   pipeline stages of unequal depth, realm needs pp to divide the layers, so pp drops to the
   largest such divisor and dp grows to keep the mesh; tp drops (dp grows) when it would not divide
-  the heads; the rule sets no micro-batches or checkpointing, so each call gets the fewest
-  micro-batches (checkpointing only if needed) with which it fits on its GPUs alone.
+  the heads; the rule sets no micro-batches or checkpointing, so each call gets the fastest
+  micro-batch count and checkpointing with which it fits on its GPUs alone.
 - ``symmetric``: DeepSpeed-Chat style: every call on all GPUs with one strategy (pp 1, the same tp
   for every call, the rest data parallel / ZeRO-3 shards); the fastest tp that fits.
 - ``disjoint``: OpenRLHF style: generation, actor training, critic (training and inference),
@@ -28,29 +28,28 @@ import itertools
 import math
 
 from reallocation.candidates import MICROBATCHES, seconds, strategies
-from reallocation.estimator import Hardware, PlanCost, Workload, _estimate, call_memory
+from reallocation.estimator import Hardware, PlanCost, Workload, _estimate, evaluator
 from reallocation.execution_plan import CALL_KIND, TRAIN, CallAllocation, ExecutionPlan
 from reallocation.shapes import size_in_billions
 
 BASELINES = ("real_heuristic", "symmetric", "disjoint")
 
 
-def _fewest_microbatches(call: str, devices: tuple[int, ...], pp: int, dp: int, tp: int, w: Workload,
-                         hw: Hardware) -> CallAllocation:
-    """The rule's allocation with the fewest micro-batches that fit (checkpointing only if needed);
+def _best_knobs(call: str, devices: tuple[int, ...], pp: int, dp: int, tp: int, w: Workload,
+                hw: Hardware) -> CallAllocation:
+    """The rule's allocation with the fastest micro-batch count and checkpointing that fit alone;
     the most memory-frugal one when nothing fits (the plan is then reported as not fitting)."""
-    spec = w.spec(call)
-    tried = []
+    ev = evaluator(w, hw)
+    fitting, tried = [], []
     for ckpt in (False, True) if CALL_KIND[call] == TRAIN else (False,):
         for mb in MICROBATCHES:
             if dp * mb > w.batch and mb > 1:
                 break
             alloc = CallAllocation(devices, pp, dp, tp, mb, ckpt)
-            resident, active = call_memory(call, spec, alloc, w)
-            if resident + active <= hw.gpu_memory_bytes:
-                return alloc
-            tried.append((resident + active, alloc))
-    return min(tried, key=lambda t: t[0])[1]
+            if ev.fits_alone(call, alloc):
+                fitting.append((ev.seconds(call, alloc), mb, ckpt, alloc))
+            tried.append((sum(ev.facts(call, alloc)[1:]), mb, ckpt, alloc))
+    return min(fitting)[-1] if fitting else min(tried)[-1]
 
 
 def _adapt(call: str, devices: tuple[int, ...], pp: int, tp: int, w: Workload, hw: Hardware) -> CallAllocation:
@@ -60,7 +59,7 @@ def _adapt(call: str, devices: tuple[int, ...], pp: int, tp: int, w: Workload, h
         tp //= 2
     size = len(devices)
     pp = max(p for p in range(1, pp + 1) if spec.num_layers % p == 0 and (size // tp) % p == 0)
-    return _fewest_microbatches(call, devices, pp, size // (pp * tp), tp, w, hw)
+    return _best_knobs(call, devices, pp, size // (pp * tp), tp, w, hw)
 
 
 def real_heuristic(w: Workload, hw: Hardware) -> ExecutionPlan:
@@ -89,28 +88,52 @@ def real_heuristic(w: Workload, hw: Hardware) -> ExecutionPlan:
     return ExecutionPlan(n, g, calls, source="real_heuristic")
 
 
-def symmetric(w: Workload, hw: Hardware) -> ExecutionPlan:
-    """DeepSpeed-Chat style: all calls on all GPUs, one tp for all, pp 1; the fastest that fits."""
-    every = tuple(range(hw.num_gpus))
-    best: tuple[tuple[bool, float], ExecutionPlan] | None = None
-    for tp in (t for t in range(1, hw.gpus_per_node + 1) if hw.num_gpus % t == 0):
-        calls = {}
-        for call in w.calls:
-            options = strategies(call, every, w, hw, pp_one=True, tp=tp)
-            if not options:
-                break
-            calls[call] = options[0]
-        if len(calls) < len(w.calls):
-            continue
-        plan = ExecutionPlan(hw.num_nodes, hw.gpus_per_node, calls, source="symmetric")
-        cost = _estimate(tuple((c, calls[c]) for c in w.calls), w, hw)
+# Knob variants a baseline tries: every call (or only the frozen ref/reward calls) takes its
+# fastest option needing at most this fraction of a GPU's memory on its own.
+VARIANTS = tuple((f, frozen_only) for f in (1.0, 0.75, 0.5, 0.35, 0.25, 0.15) for frozen_only in (False, True))
+
+
+def _pick(call: str, options: list[CallAllocation], variant: tuple[float, bool], w: Workload,
+          hw: Hardware) -> CallAllocation:
+    """The fastest option within the variant's memory share (the most frugal when none is)."""
+    fraction, frozen_only = variant
+    if frozen_only and call not in ("ref_inf", "rew_inf"):
+        return options[0]
+    ev = evaluator(w, hw)
+    budget = fraction * hw.gpu_memory_bytes
+    for a in options:  # fastest first
+        if sum(ev.facts(call, a)[1:]) <= budget:
+            return a
+    return min(options, key=lambda a: (sum(ev.facts(call, a)[1:]), ev.seconds(call, a)))
+
+
+def _best_of(candidate_plans: list[ExecutionPlan], w: Workload, hw: Hardware) -> ExecutionPlan | None:
+    """The fastest plan that fits, else the one with the smallest overflow."""
+    best = None
+    for plan in candidate_plans:
+        cost = _estimate(tuple((c, plan.calls[c]) for c in w.calls), w, hw)
         key = (not cost.fits, cost.seconds_per_iteration if cost.fits else cost.overflow_bytes)
         if best is None or key < best[0]:
             best = (key, plan)
-    if best is None:  # nothing fits even alone: tp 1 with the fewest micro-batches, reported as oom
-        calls = {c: _fewest_microbatches(c, every, 1, hw.num_gpus, 1, w, hw) for c in w.calls}
+    return None if best is None else best[1]
+
+
+def symmetric(w: Workload, hw: Hardware) -> ExecutionPlan:
+    """DeepSpeed-Chat style: all calls on all GPUs, one tp for all, pp 1; the fastest that fits
+    (knobs per call from ``VARIANTS``)."""
+    every = tuple(range(hw.num_gpus))
+    plans = []
+    for tp in (t for t in range(1, hw.gpus_per_node + 1) if hw.num_gpus % t == 0):
+        options = {call: strategies(call, every, w, hw, pp_one=True, tp=tp) for call in w.calls}
+        if all(options.values()):
+            for variant in VARIANTS:
+                calls = {c: _pick(c, options[c], variant, w, hw) for c in w.calls}
+                plans.append(ExecutionPlan(hw.num_nodes, hw.gpus_per_node, calls, source="symmetric"))
+    best = _best_of(plans, w, hw)
+    if best is None:  # nothing fits even alone: tp 1, most frugal knobs, reported as oom
+        calls = {c: _best_knobs(c, every, 1, hw.num_gpus, 1, w, hw) for c in w.calls}
         return ExecutionPlan(hw.num_nodes, hw.gpus_per_node, calls, source="symmetric")
-    return best[1]
+    return best
 
 
 GROUPS = ("gen", "actor", "critic", "ref", "reward")
@@ -127,7 +150,7 @@ def _group_sizes(num_gpus: int, num_groups: int) -> list[tuple[int, ...]]:
 def disjoint(w: Workload, hw: Hardware) -> ExecutionPlan:
     """OpenRLHF style: one GPU group per model role (generation apart from actor training)."""
     groups = [g for g in GROUPS if g != "reward" or w.reward is not None]
-    best: tuple[tuple[bool, float], ExecutionPlan] | None = None
+    plans = []
     for sizes in _group_sizes(hw.num_gpus, len(groups)):
         # Largest groups first keeps every group aligned (powers of two, sorted descending).
         order = sorted(range(len(groups)), key=lambda i: -sizes[i])
@@ -137,21 +160,15 @@ def disjoint(w: Workload, hw: Hardware) -> ExecutionPlan:
             start += sizes[i]
         if any(len(m) > hw.gpus_per_node and len(m) % hw.gpus_per_node for m in meshes.values()):
             continue
-        calls = {}
-        for group, mesh in meshes.items():
-            for call in GROUP_CALLS[group]:
-                options = strategies(call, mesh, w, hw)
-                if options:
-                    calls[call] = options[0]
-        if len(calls) < len(w.calls):
-            continue
-        cost = _estimate(tuple((c, calls[c]) for c in w.calls), w, hw)
-        key = (not cost.fits, cost.seconds_per_iteration if cost.fits else cost.overflow_bytes)
-        if best is None or key < best[0]:
-            best = (key, ExecutionPlan(hw.num_nodes, hw.gpus_per_node, calls, source="disjoint"))
+        options = {call: strategies(call, mesh, w, hw) for group, mesh in meshes.items() for call in GROUP_CALLS[group]}
+        if all(options.values()):
+            for variant in VARIANTS:
+                calls = {c: _pick(c, options[c], variant, w, hw) for c in w.calls}
+                plans.append(ExecutionPlan(hw.num_nodes, hw.gpus_per_node, calls, source="disjoint"))
+    best = _best_of(plans, w, hw)
     if best is None:
         raise ValueError(f"disjoint: no split of {hw.num_gpus} GPUs gives every call a fitting allocation")
-    return best[1]
+    return best
 
 
 def baselines(w: Workload, hw: Hardware) -> dict[str, tuple[ExecutionPlan | None, PlanCost | None]]:

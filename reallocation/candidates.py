@@ -11,7 +11,9 @@ time, resident and active memory at once.
 
 from __future__ import annotations
 
-from reallocation.estimator import Hardware, Workload, call_memory, call_seconds, offload_seconds
+from dataclasses import replace
+
+from reallocation.estimator import Hardware, Workload, evaluator
 from reallocation.execution_plan import CALL_KIND, OFFLOADABLE, TRAIN, CallAllocation
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
@@ -41,7 +43,7 @@ def _divisors(n: int) -> list[int]:
 def strategies(call: str, devices: tuple[int, ...], w: Workload, hw: Hardware, *, pp_one: bool = False,
                tp: int | None = None) -> list[CallAllocation]:
     """Every ``(pp, dp, tp, knobs)`` of ``call`` on ``devices`` that fits alone, fastest first."""
-    spec, kind = w.spec(call), CALL_KIND[call]
+    spec, kind, ev = w.spec(call), CALL_KIND[call], evaluator(w, hw)
     out = []
     for t in _divisors(len(devices)) if tp is None else [tp]:
         kv_ok = spec.num_kv_heads % t == 0 or t % spec.num_kv_heads == 0
@@ -57,40 +59,48 @@ def strategies(call: str, devices: tuple[int, ...], w: Workload, hw: Hardware, *
                 for ckpt in (False, True) if kind == TRAIN else (False,):
                     for offload in (False, True) if call in OFFLOADABLE else (False,):
                         alloc = CallAllocation(devices, pp, dp, t, mb, ckpt, offload)
-                        resident, active = call_memory(call, spec, alloc, w)
-                        if resident + active <= hw.gpu_memory_bytes:
+                        if ev.fits_alone(call, alloc):
                             out.append(alloc)
-    out.sort(key=lambda a: (seconds(call, a, w, hw), a.num_microbatches, a.activation_checkpointing, a.offload))
+    out.sort(key=lambda a: (ev.seconds(call, a), a.num_microbatches, a.activation_checkpointing, a.offload))
     return out
 
 
 def seconds(call: str, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:
-    spec = w.spec(call)
-    return call_seconds(call, spec, alloc, w, hw) + offload_seconds(spec, alloc, hw)
+    """The call alone (offload reload included, reallocation not)."""
+    return evaluator(w, hw).seconds(call, alloc)
 
 
-def pareto(call: str, allocs: list[CallAllocation], w: Workload) -> list[CallAllocation]:
+def pareto(call: str, allocs: list[CallAllocation], w: Workload, hw: Hardware) -> list[CallAllocation]:
     """Drop allocations beaten on (time, resident, active) by one on the same devices.
 
     ``allocs`` must be sorted by time (``strategies`` does that), so a later one is dominated when
     an earlier one on its GPUs needs no more resident and no more active memory.
     """
+    ev = evaluator(w, hw)
     kept: dict[tuple[int, ...], list[tuple[float, float]]] = {}
     out = []
     for a in allocs:
-        res, act = call_memory(call, w.spec(call), a, w)
+        _, res, act, copy = ev.facts(call, a)
         front = kept.setdefault(a.devices, [])
-        if any(r <= res and c <= act for r, c in front):
+        if any(r <= res and c <= act + copy for r, c in front):
             continue
-        front.append((res, act))
+        front.append((res, act + copy))
         out.append(a)
     return out
 
 
 def candidates(call: str, w: Workload, hw: Hardware) -> list[CallAllocation]:
-    """Pareto-pruned candidates of ``call`` over all meshes, fastest first."""
+    """Pareto-pruned candidates of ``call`` over all meshes, fastest first.
+
+    Meshes of one size cost the same wherever they sit (aligned blocks inside a node, or runs of
+    whole nodes), so strategies are worked out on the first mesh of each size and moved.
+    """
+    ev = evaluator(w, hw)
+    fronts: dict[int, list[CallAllocation]] = {}
     out = []
     for mesh in device_meshes(hw):
-        out.extend(pareto(call, strategies(call, mesh, w, hw), w))
-    out.sort(key=lambda a: (seconds(call, a, w, hw), len(a.devices), a.devices))
+        if len(mesh) not in fronts:
+            fronts[len(mesh)] = pareto(call, strategies(call, mesh, w, hw), w, hw)
+        out.extend(replace(a, devices=mesh) for a in fronts[len(mesh)])
+    out.sort(key=lambda a: (ev.seconds(call, a), len(a.devices), a.devices))
     return out

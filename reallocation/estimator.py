@@ -151,7 +151,8 @@ def _tp_comm(spec: ModelSpec, alloc: CallAllocation, tokens_per_replica: float, 
 def _pp_comm(spec: ModelSpec, alloc: CallAllocation, tokens_per_replica: float, passes: int, hw: Hardware) -> float:
     if alloc.pp == 1:
         return 0.0
-    link = hw.intra_node_bytes_per_s if alloc.pp * alloc.dp * alloc.tp <= hw.gpus_per_node else hw.inter_node_bytes_per_s / hw.gpus_per_node
+    one_node = alloc.devices[0] // hw.gpus_per_node == alloc.devices[-1] // hw.gpus_per_node == min(alloc.devices) // hw.gpus_per_node
+    link = hw.intra_node_bytes_per_s if one_node else hw.inter_node_bytes_per_s / hw.gpus_per_node
     return passes * (alloc.pp - 1) * (tokens_per_replica * spec.hidden_size * BYTES / alloc.tp / link + hw.collective_latency_s)
 
 
@@ -162,7 +163,6 @@ def _layer_seconds(op: str, spec: ModelSpec, tokens: float, context: float, allo
     return hw.profile.layer_seconds(op, spec, tokens=tokens, context=context, tp=alloc.tp)  # type: ignore[attr-defined]
 
 
-@lru_cache(maxsize=200_000)
 def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:
     """Seconds for ``call`` under ``alloc`` (reallocation and offload reloads excluded)."""
     kind = CALL_KIND[call]
@@ -228,7 +228,6 @@ def shares_training_layout(call: str, alloc: CallAllocation, train: CallAllocati
             and alloc.dp == 1 and train.dp == 1)
 
 
-@lru_cache(maxsize=200_000)
 def call_memory(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload, own_copy: bool = True) -> tuple[float, float]:
     """``(resident, active)`` bytes per GPU of the call's devices.
 
@@ -265,6 +264,7 @@ def offload_seconds(spec: ModelSpec, alloc: CallAllocation, hw: Hardware) -> flo
     return spec.num_params() * BYTES / (alloc.tp * alloc.pp) / hw.host_bytes_per_s if alloc.offload else 0.0
 
 
+@lru_cache(maxsize=64)
 def _class_bytes(spec: ModelSpec) -> tuple[float, float]:
     """Bytes of parameters split on dim 0 under TP (column, kv, vocab, norms) and on dim 1 (row)."""
     row = sum(math.prod(p.shape) for p in spec.params() if p.kind == ROW)
@@ -313,8 +313,8 @@ def _realloc_seconds(spec: ModelSpec, src: CallAllocation, src_train: bool, dst:
     # Source pieces: ranks with distinct boxes (dp replicas of inference/generation share one).
     s_dev = np.asarray(src.devices)
     piece_of_rank = _piece_ids(src, src_train)
-    num_pieces = piece_of_rank.max() + 1
-    first_rank = np.array([np.flatnonzero(piece_of_rank == k)[0] for k in range(num_pieces)])
+    num_pieces = int(piece_of_rank.max()) + 1
+    first_rank = np.unique(piece_of_rank, return_index=True)[1]
     pieces = s_box[first_rank]
     lo = np.maximum(d_box[:, None, :, :, 0], pieces[None, :, :, :, 0])
     hi = np.minimum(d_box[:, None, :, :, 1], pieces[None, :, :, :, 1])
@@ -322,10 +322,11 @@ def _realloc_seconds(spec: ModelSpec, src: CallAllocation, src_train: bool, dst:
     overlap = frac[..., 0] * col + frac[..., 1] * row
     d_dev = np.asarray(dst.devices)
     # A destination that holds a piece itself copies it locally.
-    held = {int(d): int(k) for d, k in zip(s_dev, piece_of_rank)}
-    for i, d in enumerate(d_dev):
-        if int(d) in held:
-            overlap[i, held[int(d)]] = 0.0
+    piece_on_device = np.full(hw.num_gpus, -1)
+    piece_on_device[s_dev] = piece_of_rank
+    local = piece_on_device[d_dev]
+    has = local >= 0
+    overlap[np.flatnonzero(has), local[has]] = 0.0
     g = hw.gpus_per_node
     holders_per_node = np.zeros((num_pieces, hw.num_nodes))
     np.add.at(holders_per_node, (piece_of_rank, s_dev // g), 1)
@@ -393,24 +394,123 @@ def estimate_plan(plan: ExecutionPlan, workload: Workload, hw: Hardware) -> Plan
         raise PlanError(f"plan is for {plan.num_nodes}x{plan.gpus_per_node} GPUs, hardware has "
                         f"{hw.num_nodes}x{hw.gpus_per_node}")
     plan.validate(workload.specs())
-    return _estimate(tuple((c, plan.calls[c]) for c in workload.calls), workload, hw)
+    return evaluator(workload, hw).estimate(tuple((c, plan.calls[c]) for c in workload.calls))
 
 
 def _estimate(calls: tuple[tuple[str, CallAllocation], ...], w: Workload, hw: Hardware) -> PlanCost:
-    allocs = dict(calls)
-    seconds = {c: call_seconds(c, w.spec(c), a, w, hw) + offload_seconds(w.spec(c), a, hw) for c, a in calls}
-    moves = {}  # call -> (seconds there, seconds back)
-    for call, train in TRAINED_BY.items():
-        a, t = allocs[call], allocs[train]
-        if shares_training_layout(call, a, t):
-            moves[call] = (0.0, 0.0)
-        else:
-            spec = w.spec(call)
-            moves[call] = (realloc_seconds(spec, t, TRAIN, a, CALL_KIND[call], hw),
-                           realloc_seconds(spec, a, CALL_KIND[call], t, TRAIN, hw))
-    idx = {c: _device_index(a) for c, a in calls}
-    free = np.zeros(hw.num_gpus)
-    done: dict[str, float] = {"actor_train": 0.0, "critic_train": 0.0}
+    return evaluator(w, hw).estimate(calls)
+
+
+@lru_cache(maxsize=8)
+def evaluator(w: Workload, hw: Hardware) -> "Evaluator":
+    """One shared ``Evaluator`` per workload and hardware, so its caches serve every caller."""
+    return Evaluator(w, hw)
+
+
+class Evaluator:
+    """Plan costs for one workload on one cluster, with per-call and per-move caches.
+
+    Per-call facts are keyed by the allocation's shape (degrees, knobs, size and whether its data-
+    parallel group and whole mesh stay inside a node), not its position: the search asks for the
+    same shape at many positions.
+    """
+
+    def __init__(self, w: Workload, hw: Hardware) -> None:
+        self.w, self.hw = w, hw
+        self._facts: dict[tuple, tuple[float, float, float, float]] = {}
+        self._by_alloc: dict[tuple[str, CallAllocation], tuple[float, float, float, float]] = {}
+        self._moves: dict[tuple, tuple[float, float]] = {}
+        self._index: dict[tuple[int, ...], np.ndarray] = {}
+
+    def _shape_key(self, call: str, a: CallAllocation) -> tuple:
+        g = self.hw.gpus_per_node
+        nodes = {d // g for d in a.devices}
+        dp_nodes = {d // g for d in a.devices[: a.dp * a.tp]}
+        return (call, a.pp, a.dp, a.tp, a.num_microbatches, a.activation_checkpointing, a.offload, len(a.devices),
+                len(nodes) == 1, len(dp_nodes) == 1)
+
+    def facts(self, call: str, a: CallAllocation) -> tuple[float, float, float, float]:
+        """``(seconds, resident, active, own-copy bytes)`` of ``call`` under ``a``."""
+        out = self._by_alloc.get((call, a))
+        if out is None:
+            out = self._by_alloc[call, a] = self._facts_of_shape(call, a)
+        return out
+
+    def _facts_of_shape(self, call: str, a: CallAllocation) -> tuple[float, float, float, float]:
+        key = self._shape_key(call, a)
+        out = self._facts.get(key)
+        if out is None:
+            spec = self.w.spec(call)
+            seconds = call_seconds(call, spec, a, self.w, self.hw) + offload_seconds(spec, a, self.hw)
+            resident, active = call_memory(call, spec, a, self.w, True)
+            _, without = call_memory(call, spec, a, self.w, False)
+            out = self._facts[key] = (seconds, resident, without, active - without)
+        return out
+
+    def seconds(self, call: str, a: CallAllocation) -> float:
+        return self.facts(call, a)[0]
+
+    def fits_alone(self, call: str, a: CallAllocation) -> bool:
+        _, resident, active, copy = self.facts(call, a)
+        return resident + active + copy <= self.hw.gpu_memory_bytes
+
+    def moves(self, call: str, a: CallAllocation, train: CallAllocation) -> tuple[float, float]:
+        """Seconds to bring ``call``'s model from its training layout and back (0, 0 when shared)."""
+        key = (call, a.devices, a.pp, a.dp, a.tp, train.devices, train.pp, train.dp, train.tp)
+        out = self._moves.get(key)
+        if out is None:
+            if shares_training_layout(call, a, train):
+                out = (0.0, 0.0)
+            else:
+                spec, kind = self.w.spec(call), CALL_KIND[call]
+                out = (realloc_seconds(spec, train, TRAIN, a, kind, self.hw),
+                       realloc_seconds(spec, a, kind, train, TRAIN, self.hw))
+            self._moves[key] = out
+        return out
+
+    def index(self, a: CallAllocation) -> np.ndarray:
+        out = self._index.get(a.devices)
+        if out is None:
+            out = self._index[a.devices] = np.asarray(a.devices)
+        return out
+
+    def period(self, calls: tuple[tuple[str, CallAllocation], ...], with_moves: bool = True) -> float:
+        """Steady-state seconds per iteration; ``with_moves=False`` gives a cheap lower bound."""
+        allocs = dict(calls)
+        seconds = {c: self.facts(c, a)[0] for c, a in calls}
+        moves = {c: self.moves(c, allocs[c], allocs[t]) if with_moves else (0.0, 0.0) for c, t in TRAINED_BY.items()}
+        return _schedule(allocs, seconds, moves, {c: self.index(a) for c, a in calls}, self.hw.num_gpus)
+
+    def peak(self, calls: tuple[tuple[str, CallAllocation], ...]) -> np.ndarray:
+        """Per GPU: resident bytes of every call there plus the largest active bytes (NaN: unused)."""
+        allocs = dict(calls)
+        resident = np.zeros(self.hw.num_gpus)
+        active = np.full(self.hw.num_gpus, np.nan)
+        for call, a in calls:
+            _, res, act, copy = self.facts(call, a)
+            if call in TRAINED_BY and shares_training_layout(call, a, allocs[TRAINED_BY[call]]):
+                copy = 0.0
+            index = self.index(a)
+            resident[index] += res
+            active[index] = np.fmax(active[index], act + copy)
+        return resident + active
+
+    def estimate(self, calls: tuple[tuple[str, CallAllocation], ...]) -> PlanCost:
+        allocs = dict(calls)
+        peak = self.peak(calls)
+        worst = float(np.nanmax(peak))
+        overflow = max(0.0, worst - self.hw.gpu_memory_bytes)
+        realloc = sum(sum(self.moves(c, allocs[c], allocs[t])) for c, t in TRAINED_BY.items())
+        return PlanCost(self.period(calls), {c: self.facts(c, a)[0] for c, a in calls},
+                        {int(d): float(peak[d]) for d in np.flatnonzero(~np.isnan(peak))}, overflow == 0.0,
+                        realloc, overflow)
+
+
+def _schedule(allocs: Mapping[str, CallAllocation], seconds: Mapping[str, float],
+              moves: Mapping[str, tuple[float, float]], idx: Mapping[str, np.ndarray], num_gpus: int) -> float:
+    """List scheduling of ``NUM_SIMULATED_ITERATIONS`` iterations; returns the steady-state period."""
+    free = np.zeros(num_gpus)
+    done = {"actor_train": 0.0, "critic_train": 0.0}
     iteration_end = []
 
     def run(devices: np.ndarray, ready: float, duration: float) -> float:
@@ -418,51 +518,25 @@ def _estimate(calls: tuple[tuple[str, CallAllocation], ...], w: Workload, hw: Ha
         free[devices] = start + duration
         return start + duration
 
+    both = {c: np.union1d(idx[c], idx[t]) for c, t in TRAINED_BY.items() if any(moves[c])}
     for _ in range(NUM_SIMULATED_ITERATIONS):
         end: dict[str, float] = {}
         for call in ("actor_gen", "rew_inf", "ref_inf", "critic_inf"):
             if call not in allocs:
                 continue
-            ready = end.get("actor_gen", 0.0) if call != "actor_gen" else 0.0
+            ready = end.get("actor_gen", 0.0)
             if call in TRAINED_BY:
                 there, back = moves[call]
-                both = np.union1d(idx[call], idx[TRAINED_BY[call]])
                 ready = max(ready, done[TRAINED_BY[call]])
                 if there:
-                    ready = run(both, ready, there)
+                    ready = run(both[call], ready, there)
                 end[call] = run(idx[call], ready, seconds[call])
                 if back:
-                    end[call] = run(both, end[call], back)
+                    end[call] = run(both[call], end[call], back)
             else:
                 end[call] = run(idx[call], ready, seconds[call])
         inputs = max(end.values())
         for call in ("actor_train", "critic_train"):
             end[call] = done[call] = run(idx[call], inputs, seconds[call])
         iteration_end.append(max(end.values()))
-    period = (iteration_end[-1] - iteration_end[0]) / (NUM_SIMULATED_ITERATIONS - 1)
-    peak = _peak_memory(calls, w, hw)
-    overflow = max(0.0, max(peak.values()) - hw.gpu_memory_bytes)
-    realloc = sum(there + back for there, back in moves.values())
-    return PlanCost(period, seconds, peak, overflow == 0.0, realloc, overflow)
-
-
-@lru_cache(maxsize=4096)
-def _device_index(alloc: CallAllocation) -> np.ndarray:
-    return np.asarray(alloc.devices)
-
-
-def _peak_memory(calls: tuple[tuple[str, CallAllocation], ...], w: Workload, hw: Hardware) -> dict[int, float]:
-    """Resident bytes of every call on a GPU plus the largest active bytes of any call there."""
-    allocs = dict(calls)
-    resident = np.zeros(hw.num_gpus)
-    active = np.zeros(hw.num_gpus)
-    used = np.zeros(hw.num_gpus, dtype=bool)
-    for call, alloc in calls:
-        own = call not in TRAINED_BY or not shares_training_layout(call, alloc, allocs[TRAINED_BY[call]])
-        res, act = call_memory(call, w.spec(call), alloc, w, own)
-        index = _device_index(alloc)
-        resident[index] += res
-        active[index] = np.maximum(active[index], act)
-        used[index] = True
-    total = resident + active
-    return {int(d): float(total[d]) for d in np.flatnonzero(used)}
+    return (iteration_end[-1] - iteration_end[0]) / (NUM_SIMULATED_ITERATIONS - 1)

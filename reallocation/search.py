@@ -29,9 +29,11 @@ import sys
 import time
 from dataclasses import dataclass
 
+import numpy as np
+
 from reallocation.baselines import BASELINES, baselines
-from reallocation.candidates import candidates, seconds
-from reallocation.estimator import Hardware, PlanCost, Workload, _estimate, estimate_plan, hardware
+from reallocation.candidates import candidates
+from reallocation.estimator import Hardware, PlanCost, Workload, estimate_plan, evaluator, hardware
 from reallocation.execution_plan import CallAllocation, ExecutionPlan
 from reallocation.shapes import named_spec
 
@@ -77,13 +79,12 @@ def search(workload: Workload, hw: Hardware, *, seconds_budget: float, seed: int
         raise NoFitError(f"no allocation of {empty} fits on any mesh of {hw.num_nodes}x{hw.gpus_per_node} "
                          f"{hw.name} GPUs even alone; smallest baseline overflow {smallest / 2**30:.1f} GiB",
                          smallest)
-    fitting = [(cost.seconds_per_iteration, name) for name, (plan, cost) in base.items() if cost and cost.fits]
-    if fitting:
-        start_name = min(fitting)[1]
-        current = dict(base[start_name][0].calls)  # type: ignore[union-attr]
-    else:
-        start_name = "fastest"
-        current = {c: options[c][0] for c in names}
+    fitting = sorted((cost.seconds_per_iteration, name) for name, (_, cost) in base.items() if cost and cost.fits)
+    # Descend from every fitting baseline, best first (the best one alone already guarantees the
+    # result is no worse than any baseline); then walk and descend from the best plan found.
+    starts = [dict(base[name][0].calls) for _, name in fitting]  # type: ignore[union-attr]
+    start_name = fitting[0][1] if fitting else "fastest"
+    current = starts[0] if starts else {c: options[c][0] for c in names}
     rng = random.Random(seed)
     state = _State(workload, hw, names)
     current_cost = state.evaluate(current)
@@ -91,15 +92,14 @@ def search(workload: Workload, hw: Hardware, *, seconds_budget: float, seed: int
     smallest_overflow = current_cost.overflow_bytes
     bar = _progress(progress, seconds_budget)
     while time.perf_counter() < deadline:
-        improved = True
-        while improved and time.perf_counter() < deadline:  # descent, one call at a time
-            improved = False
-            for call in names:
-                found = state.best_for(call, current, options[call], deadline)
-                if found is not None and found[1].seconds_per_iteration < current_cost.seconds_per_iteration - 1e-12:
-                    current[call], current_cost, improved = found[0], found[1], True
+        if starts:
+            current = starts.pop(0)
+            current_cost = state.evaluate(current)
+        current, current_cost = _descend(state, current, options, deadline)
         if current_cost.fits and (best[0] is None or current_cost.seconds_per_iteration < best[0].seconds_per_iteration):
             best = (current_cost, dict(current))
+        if starts:
+            continue
         # Metropolis walk away from the local optimum, then descend again from where it ends.
         walk_cost = _penalized(current_cost, hw)
         for _ in range(200):
@@ -126,11 +126,27 @@ def search(workload: Workload, hw: Hardware, *, seconds_budget: float, seed: int
     return SearchReport(plan, best[0], base, time.perf_counter() - t0, state.num_evaluations, start_name)
 
 
+def _descend(state: "_State", current: dict[str, CallAllocation], options: dict[str, list[CallAllocation]],
+             deadline: float) -> tuple[dict[str, CallAllocation], PlanCost]:
+    """Coordinate descent: re-pick each call's best candidate until no single change helps."""
+    current = dict(current)
+    cost = state.evaluate(current)
+    improved = True
+    while improved and time.perf_counter() < deadline:
+        improved = False
+        for call in state.names:
+            found = state.best_for(call, current, options[call], deadline)
+            if found is not None and found[1].seconds_per_iteration < cost.seconds_per_iteration - 1e-12:
+                current[call], cost, improved = found[0], found[1], True
+    return current, cost
+
+
 class _State:
     """Plan evaluation with a per-plan cache (the chain revisits plans often)."""
 
     def __init__(self, w: Workload, hw: Hardware, names: list[str]) -> None:
         self.w, self.hw, self.names = w, hw, names
+        self.ev = evaluator(w, hw)
         self.cache: dict[tuple[CallAllocation, ...], PlanCost] = {}
         self.num_evaluations = 0
 
@@ -139,23 +155,33 @@ class _State:
         cost = self.cache.get(key)
         if cost is None:
             self.num_evaluations += 1
-            cost = _estimate(tuple(zip(self.names, key)), self.w, self.hw)
-            if len(self.cache) > 500_000:
+            cost = self.ev.estimate(tuple(zip(self.names, key)))
+            if len(self.cache) > 200_000:
                 self.cache.clear()
             self.cache[key] = cost
         return cost
 
     def best_for(self, call: str, current: dict[str, CallAllocation], options: list[CallAllocation],
                  deadline: float) -> tuple[CallAllocation, PlanCost] | None:
-        """The fitting plan that changes only ``call`` with the shortest iteration."""
-        bound = self.evaluate(current).seconds_per_iteration if self.evaluate(current).fits else math.inf
+        """The fitting plan that changes only ``call`` with the shortest iteration.
+
+        Two cheap tests skip most candidates before the full estimate: the call alone, and the
+        schedule without reallocation, are lower bounds of the iteration.
+        """
+        here = self.evaluate(current)
+        bound = here.seconds_per_iteration if here.fits else math.inf
         best = None
+        capacity = self.hw.gpu_memory_bytes
         for i, alloc in enumerate(options):
-            if seconds(call, alloc, self.w, self.hw) >= bound:
+            if self.ev.seconds(call, alloc) >= bound:
                 break  # options are sorted by time alone; none further can beat the bound
-            if i % 256 == 0 and time.perf_counter() >= deadline:
+            if i % 64 == 0 and time.perf_counter() >= deadline:
                 break
-            cost = self.evaluate(dict(current, **{call: alloc}))
+            plan = dict(current, **{call: alloc})
+            calls = tuple((c, plan[c]) for c in self.names)
+            if self.ev.period(calls, with_moves=False) >= bound or np.nanmax(self.ev.peak(calls)) > capacity:
+                continue
+            cost = self.evaluate(plan)
             if cost.fits and cost.seconds_per_iteration < bound:
                 best, bound = (alloc, cost), cost.seconds_per_iteration
         return best
