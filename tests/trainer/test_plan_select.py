@@ -1,0 +1,151 @@
+"""cluster.plan -> ExecutionPlan: the heuristic rule on every cluster shape, the disjoint placement,
+plan files checked against the cluster and the configured model, with errors naming file, call and field."""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from reallocation.config import ClusterConfig
+from reallocation.execution_plan import CallAllocation, ExecutionPlan, PlanError
+from trainer.compose import to_train_config
+from trainer.config import TrainConfig, register_configs
+from trainer.plan_select import (
+    PLAN_FILE, disjoint_plan, generation_tp, heuristic_plan, model_spec, model_specs, resolve_plan,
+)
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+register_configs()
+
+
+def _cfg(*overrides: str) -> TrainConfig:
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return to_train_config(compose(config_name="train", overrides=list(overrides)))
+
+
+def test_qwen_math_shapes_give_the_published_parameter_counts():
+    # Qwen2.5-Math model cards: 1.54B and 7.62B parameters (embeddings included, 1.5B's head tied).
+    small = model_spec(_cfg("model=qwen2.5-math-1.5b-instruct").model)
+    large = model_spec(_cfg("model=qwen2.5-math-7b").model)
+    assert round(small.num_params() / 1e9, 2) == 1.54
+    assert round(large.num_params() / 1e9, 2) == 7.62
+    assert (large.num_heads, large.num_kv_heads, large.head_dim, large.num_layers) == (28, 4, 128, 28)
+
+
+def test_generation_tp_keeps_a_replica_within_8_gib_per_gpu():
+    small = model_spec(_cfg("model=qwen2.5-math-1.5b").model)
+    large = model_spec(_cfg("model=qwen2.5-math-7b").model)
+    # 1.5B: 3.1 GB of bf16 weights -> tp 1; 7B: 15.2 GB -> tp 2 (7.1 GiB); CPU: always 1.
+    assert generation_tp(small, 8, on_gpu=True) == 1
+    assert generation_tp(large, 8, on_gpu=True) == 2
+    assert generation_tp(large, 8, on_gpu=False) == 1
+
+
+@pytest.mark.parametrize("cluster", ["local_cpu", "gpu_1x8", "gpu_2x8"])
+@pytest.mark.parametrize("model", ["tiny", "qwen2.5-math-1.5b-instruct", "qwen2.5-math-7b-instruct"])
+def test_heuristic_uses_every_device_and_never_more(cluster, model):
+    cfg = _cfg(f"cluster={cluster}", f"model={model}")
+    plan = resolve_plan(cfg, model_specs(cfg))
+    n = cfg.cluster.num_devices
+    assert plan.num_devices == n and plan.source == "heuristic"
+    assert all(a.devices == tuple(range(n)) for a in plan.calls.values())
+    assert plan.calls["actor_train"].dp == plan.calls["critic_train"].dp == n  # FSDP over all of them
+    assert "rew_inf" not in plan.calls  # success reward: no reward model
+
+
+def test_heuristic_on_gpus_worked_example_7b_on_one_node():
+    # 512 rows of 256 + 48 tokens; 8 GPUs: generation tp 2 x dp 4; training FSDP 8 with 64 rows x 304
+    # tokens = 19456 tokens per GPU -> 2 micro-batches of <= 16384; inference dp 4: 128 rows -> 4.
+    cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-7b-instruct")
+    calls = resolve_plan(cfg, model_specs(cfg)).calls
+    assert (calls["actor_gen"].dp, calls["actor_gen"].tp) == (4, 2)
+    assert (calls["actor_train"].num_microbatches, calls["actor_train"].activation_checkpointing) == (2, True)
+    assert (calls["ref_inf"].tp, calls["ref_inf"].num_microbatches, calls["ref_inf"].offload) == (2, 4, True)
+    assert not calls["critic_inf"].offload
+
+
+@pytest.mark.parametrize("num_nodes, per_node", [(1, 1), (1, 3), (2, 3), (3, 2), (1, 6)])
+def test_heuristic_fits_odd_cluster_shapes(num_nodes, per_node):
+    cfg = _cfg("model=qwen2.5-math-7b", "cluster=gpu_1x8", f"cluster.num_nodes={num_nodes}",
+               f"cluster.devices_per_node={per_node}", "+reward=prm")
+    specs = model_specs(cfg)
+    plan = resolve_plan(cfg, specs)  # validates
+    assert plan.num_devices == num_nodes * per_node
+    assert "rew_inf" in plan.calls
+
+
+def test_disjoint_gives_each_role_its_own_devices():
+    cfg = _cfg("cluster.devices_per_node=5", "cluster.plan=disjoint")
+    calls = resolve_plan(cfg, model_specs(cfg)).calls
+    assert calls["actor_gen"].devices == (0, 1) and calls["actor_gen"].dp == 2
+    assert calls["actor_train"].devices == (2,)
+    assert calls["critic_inf"].devices == calls["critic_train"].devices == (3,)
+    assert calls["ref_inf"].devices == (4,)
+
+
+def test_disjoint_on_too_few_devices_says_how_many_it_needs():
+    cfg = _cfg("cluster.plan=disjoint", "+reward=prm")  # 5 roles, local_cpu has 2 devices
+    with pytest.raises(PlanError, match=r"5 roles need 5 devices, the cluster has 2 \(cluster.num_nodes=1 x "
+                                        r"cluster.devices_per_node=2\)"):
+        resolve_plan(cfg, model_specs(cfg))
+
+
+def _write(tmp_path: Path, plan: ExecutionPlan) -> Path:
+    path = tmp_path / "my_plan.yaml"
+    path.write_text(plan.to_yaml())
+    return path
+
+
+def test_plan_file_is_loaded_validated_and_written_to_the_run_dir(tmp_path):
+    cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-1.5b-instruct")
+    specs = model_specs(cfg)
+    wanted = disjoint_plan(cfg.cluster, specs)
+    path = _write(tmp_path, wanted)
+    cfg.cluster.plan = str(path)
+    plan = resolve_plan(cfg, specs, run_dir=tmp_path / "run")
+    assert plan.calls == wanted.calls
+    assert ExecutionPlan.load(tmp_path / "run" / PLAN_FILE).calls == wanted.calls
+
+
+def test_plan_file_for_another_cluster_names_the_field(tmp_path):
+    cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-1.5b-instruct")
+    other = heuristic_plan(replace(cfg.cluster, devices_per_node=4), model_specs(cfg), rows=8, seq_len=8)
+    cfg.cluster.plan = str(_write(tmp_path, other))
+    with pytest.raises(PlanError, match=r"my_plan.yaml: gpus_per_node=4 but cluster.devices_per_node=8"):
+        resolve_plan(cfg, model_specs(cfg))
+
+
+def test_plan_file_with_a_tp_the_model_cannot_take_names_call_and_field(tmp_path):
+    cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-1.5b-instruct")  # 12 heads, 2 kv heads
+    specs = model_specs(cfg)
+    plan = heuristic_plan(cfg.cluster, specs, rows=8, seq_len=8)
+    calls = dict(plan.calls, actor_gen=CallAllocation(devices=tuple(range(8)), dp=1, tp=8))
+    cfg.cluster.plan = str(_write(tmp_path, replace(plan, calls=calls)))
+    with pytest.raises(PlanError, match=r"my_plan.yaml: calls.actor_gen.tp=8 does not divide num_attention_heads=12"):
+        resolve_plan(cfg, specs)
+    # tp 3 divides the 12 heads, but neither divides the other with the 2 kv heads.
+    calls = dict(plan.calls, ref_inf=CallAllocation(devices=tuple(range(6)), dp=2, tp=3))
+    cfg.cluster.plan = str(_write(tmp_path, replace(plan, calls=calls)))
+    with pytest.raises(PlanError, match=r"calls.ref_inf.tp=3 and num_key_value_heads=2: one must divide the other"):
+        resolve_plan(cfg, specs)
+
+
+def test_a_missing_plan_file_names_it(tmp_path):
+    cfg = _cfg("cluster.plan=" + str(tmp_path / "nope.yaml"))
+    with pytest.raises(PlanError, match="nope.yaml: cannot read execution plan"):
+        resolve_plan(cfg, model_specs(cfg))
+
+
+def test_a_hub_model_without_shape_says_which_key_to_set():
+    cfg = _cfg("model=qwen2.5-math-7b", "model.shape.num_hidden_layers=0")
+    with pytest.raises(PlanError, match=r"model: the shape of 'qwen2.5-math-7b' .* give model.shape"):
+        model_specs(cfg)
+
+
+def test_a_cluster_config_reaches_the_rule_unchanged():
+    cluster = ClusterConfig(num_nodes=2, devices_per_node=4, backend="nccl", hardware="h100")
+    cfg = _cfg("model=qwen2.5-math-7b")
+    plan = heuristic_plan(cluster, model_specs(cfg), rows=64, seq_len=2048)
+    assert (plan.num_nodes, plan.gpus_per_node, plan.num_devices) == (2, 4, 8)

@@ -1,0 +1,245 @@
+"""Where a run's execution plan comes from (`cluster.plan`), checked against the cluster and the models.
+
+    specs = model_specs(cfg)                     # "actor", "critic", "ref" (+ "reward") -> ModelSpec
+    plan = resolve_plan(cfg, specs)              # heuristic | search | disjoint | PATH.yaml
+
+- ``heuristic`` (the default): a fixed rule that fits any cluster shape. Every call uses every
+  device. Training is FSDP over all of them; generation is vLLM replicas of the smallest TP that
+  keeps a replica's weights within ``GEN_WEIGHT_BYTES_PER_DEVICE`` (TP 1 on CPU); inference is
+  data-parallel in generation's TP. On GPUs, training checkpoints activations and uses enough
+  micro-batches for at most ``TOKENS_PER_MICROBATCH`` tokens per device, and the frozen reference
+  and reward models leave the GPU between their calls (offload).
+- ``disjoint``: each role on its own devices (generation; actor training; critic inference and
+  training; reference; reward model), the placement the trainer used before plans.
+- ``search``: the cost model's search (``reallocation.search.search_plan``) within
+  ``cluster.plan_search_seconds``.
+- a path: a plan YAML file (``reallocation/execution_plan.py`` describes the format).
+
+Whatever its source, the plan is checked against the cluster (nodes, devices per node) and the
+configured models (heads, kv heads and vocabulary divisible by tp, layers by pp) before anything
+starts, and errors name the file, the call and the field. Pure: no Ray, no torch.distributed.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+from models.config import ModelConfig, ModelSource
+from reallocation.config import ClusterConfig
+from reallocation.execution_plan import CALLS, CallAllocation, ExecutionPlan, PlanError
+from reallocation.layout import ModelSpec
+from rewards.config import BUILTIN_REWARD_MODELS, RewardKind
+from trainer.config import TrainConfig
+
+GEN_WEIGHT_BYTES_PER_DEVICE = 8 << 30
+"""Heuristic: a generation replica's bf16 weights per GPU at most this (leaves room for the KV cache)."""
+TOKENS_PER_MICROBATCH = 16384
+"""Heuristic: training and inference micro-batches of at most this many tokens per GPU."""
+PLAN_FILE = "plan.yaml"
+
+
+# ----------------------------------------------------------------------------------------------- shapes
+
+
+def spec_from_config_json(path: Path) -> ModelSpec:
+    """A ModelSpec from an HF ``config.json``; errors name the file and the missing field."""
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise PlanError(f"{path}: cannot read the model's shape ({e})") from None
+    missing = [k for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                           "vocab_size") if k not in config]
+    if missing:
+        raise PlanError(f"{path}: no {missing[0]} (not a Llama/Qwen2 config.json)")
+    return ModelSpec.from_hf_config(SimpleNamespace(**config))
+
+
+def model_spec(model: ModelConfig, model_dir: Path | None = None, *, key: str = "model") -> ModelSpec:
+    """The shape of a configured model, without loading weights.
+
+    From, in order: ``model_dir/config.json`` (the built or downloaded model), the config's
+    ``shape`` fields, the tiny architecture (``source=tiny``; its vocabulary is the tokenizer's
+    target size), or ``config.json`` in a local ``path``. ``key`` names the config key in errors.
+    """
+    if model_dir is not None and (model_dir / "config.json").exists():
+        return spec_from_config_json(model_dir / "config.json")
+    if model.shape.given:
+        return ModelSpec.from_hf_config(SimpleNamespace(**vars(model.shape)))
+    if model.source == ModelSource.tiny:
+        t = model.tiny
+        return ModelSpec.from_hf_config(SimpleNamespace(
+            model_type=t.arch.value, num_hidden_layers=t.num_layers, hidden_size=t.hidden_size,
+            intermediate_size=t.intermediate_size, num_attention_heads=t.num_heads, num_key_value_heads=t.num_kv_heads,
+            vocab_size=t.vocab_size, tie_word_embeddings=True))
+    local = Path(model.path).expanduser() / "config.json"
+    if model.source == ModelSource.hf and local.exists():
+        return spec_from_config_json(local)
+    raise PlanError(f"{key}: the shape of {model.name!r} ({model.path}) is unknown here: give {key}.shape "
+                    f"(the num_hidden_layers, hidden_size, ... of its config.json) or a local {key}.path")
+
+
+def reward_spec(cfg: TrainConfig, reward_dir: Path | None = None) -> ModelSpec | None:
+    """The reward model's shape (None for the rule-based success reward)."""
+    if cfg.reward.kind == RewardKind.success:
+        return None
+    path = cfg.reward.model.path
+    if reward_dir is not None:
+        return spec_from_config_json(reward_dir / "config.json")
+    if path in BUILTIN_REWARD_MODELS:
+        from rewards.train_rm import builtin_config
+
+        return model_spec(builtin_config(path).backbone, key="reward.model (built-in backbone)")
+    local = Path(path).expanduser() / "config.json"
+    if local.exists():
+        return spec_from_config_json(local)
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(path, "config.json")
+    if isinstance(cached, str):
+        return spec_from_config_json(Path(cached))
+    raise PlanError(f"reward.model.path={path}: no config.json here to read its shape from (calls.rew_inf needs "
+                    f"it); fetch it first, e.g. huggingface-cli download {path} config.json")
+
+
+def model_specs(cfg: TrainConfig, *, actor_dir: Path | None = None, critic_dir: Path | None = None,
+                reward_dir: Path | None = None) -> dict[str, ModelSpec]:
+    """Model name -> shape, as ``ExecutionPlan.validate`` and the cost model take them."""
+    actor = model_spec(cfg.model, actor_dir)
+    critic = actor if cfg.critic.from_policy else model_spec(cfg.critic.model, critic_dir, key="critic.model")
+    specs = {"actor": actor, "critic": critic, "ref": actor}
+    reward = reward_spec(cfg, reward_dir)
+    if reward is not None:
+        specs["reward"] = reward
+    return specs
+
+
+def workload(cfg: TrainConfig, specs: dict[str, ModelSpec]):
+    """The cost model's ``Workload`` of one iteration, at full prompt and response length."""
+    from reallocation.estimator import Workload
+
+    r = cfg.rollout
+    return Workload(actor=specs["actor"], critic=specs["critic"], reward=specs.get("reward"),
+                    batch=r.num_prompts * r.num_samples_per_prompt, prompt_len=r.max_prompt_tokens,
+                    gen_len=r.max_new_tokens)
+
+
+# ----------------------------------------------------------------------------------------------- rules
+
+
+def _tp_ok(spec: ModelSpec, tp: int) -> bool:
+    """tp splits heads and the 64-padded vocabulary, and kv heads (or kv heads divide tp: vLLM's rule)."""
+    padded_vocab = -(-spec.vocab_size // 64) * 64
+    kv_ok = spec.num_kv_heads % tp == 0 or tp % spec.num_kv_heads == 0
+    return spec.num_heads % tp == 0 and kv_ok and padded_vocab % tp == 0
+
+
+def generation_tp(spec: ModelSpec, num_devices: int, on_gpu: bool) -> int:
+    """Smallest valid TP dividing ``num_devices`` whose bf16 weight share fits GEN_WEIGHT_BYTES_PER_DEVICE.
+
+    Qwen2.5-Math-7B (7.6e9 params, 15.2 GB): tp 2 (7.1 GiB each); 1.5B: tp 1. Always 1 on CPU.
+    """
+    if not on_gpu:
+        return 1
+    valid = [t for t in range(1, num_devices + 1) if num_devices % t == 0 and _tp_ok(spec, t)]
+    fitting = [t for t in valid if spec.num_params() * 2 / t <= GEN_WEIGHT_BYTES_PER_DEVICE]
+    return fitting[0] if fitting else valid[-1]
+
+
+def _microbatches(rows_per_replica: int, seq_len: int, on_gpu: bool) -> int:
+    """Power of two giving <= TOKENS_PER_MICROBATCH tokens per micro-batch (1 on CPU), <= the rows."""
+    if not on_gpu or rows_per_replica <= 1:
+        return 1
+    need = math.ceil(rows_per_replica * seq_len / TOKENS_PER_MICROBATCH)
+    return min(1 << max(0, need - 1).bit_length(), rows_per_replica)
+
+
+def heuristic_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec], *, rows: int, seq_len: int) -> ExecutionPlan:
+    """Every call on every device (see the module docstring); ``rows`` sequences of ``seq_len`` tokens."""
+    n, gpu = cluster.num_devices, cluster.uses_gpus
+    everything = tuple(range(n))
+    tp = generation_tp(specs["actor"], math.gcd(n, cluster.devices_per_node), gpu)
+
+    def spread(call: str, spec: ModelSpec, call_tp: int) -> CallAllocation:
+        train = call.endswith("_train")
+        call_tp = call_tp if _tp_ok(spec, call_tp) else 1
+        dp = n // call_tp
+        return CallAllocation(devices=everything, dp=dp, tp=call_tp,
+                              num_microbatches=1 if call == "actor_gen" else _microbatches(rows // dp, seq_len, gpu),
+                              activation_checkpointing=train and gpu, offload=call in ("ref_inf", "rew_inf") and gpu)
+
+    model_of = {"actor_gen": "actor", "rew_inf": "reward", "ref_inf": "ref", "critic_inf": "critic",
+                "actor_train": "actor", "critic_train": "critic"}
+    calls = {c: spread(c, specs[model_of[c]], 1 if c.endswith("_train") else tp)
+             for c in CALLS if model_of[c] in specs}
+    return ExecutionPlan(cluster.num_nodes, cluster.devices_per_node, calls, source="heuristic")
+
+
+def disjoint_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec]) -> ExecutionPlan:
+    """Each role on its own devices, as the trainer placed them before plans: generation, actor
+    training, critic (inference + training), reference, reward model. Equal shares, the rest to
+    generation; raises PlanError when the cluster has fewer devices than roles."""
+    roles = [("actor_gen",), ("actor_train",), ("critic_inf", "critic_train"), ("ref_inf",)]
+    if "reward" in specs:
+        roles.append(("rew_inf",))
+    n = cluster.num_devices
+    if n < len(roles):
+        raise PlanError(f"cluster.plan=disjoint: {len(roles)} roles need {len(roles)} devices, the cluster has {n} "
+                        f"(cluster.num_nodes={cluster.num_nodes} x cluster.devices_per_node={cluster.devices_per_node})")
+    share = n // len(roles)
+    sizes = [share + n - share * len(roles)] + [share] * (len(roles) - 1)
+    calls, first = {}, 0
+    for role, size in zip(roles, sizes):
+        devices = tuple(range(first, first + size))
+        first += size
+        for call in role:
+            spec = specs["critic" if call.startswith("critic") else "reward" if call == "rew_inf" else "actor"]
+            tp = generation_tp(spec, size, cluster.uses_gpus) if call == "actor_gen" else 1
+            calls[call] = CallAllocation(devices=devices, dp=size // tp, tp=tp)
+    return ExecutionPlan(cluster.num_nodes, cluster.devices_per_node, calls, source="disjoint")
+
+
+# ----------------------------------------------------------------------------------------------- resolve
+
+
+def check_plan(plan: ExecutionPlan, cluster: ClusterConfig, specs: dict[str, ModelSpec], where: str) -> None:
+    """The plan matches the cluster's shape and the models' shapes; PlanError names file, call and field."""
+    if plan.num_nodes != cluster.num_nodes:
+        raise PlanError(f"{where}: num_nodes={plan.num_nodes} but cluster.num_nodes={cluster.num_nodes}")
+    if plan.gpus_per_node != cluster.devices_per_node:
+        raise PlanError(f"{where}: gpus_per_node={plan.gpus_per_node} but "
+                        f"cluster.devices_per_node={cluster.devices_per_node}")
+    plan.validate(specs, where=where)
+
+
+def resolve_plan(cfg: TrainConfig, specs: dict[str, ModelSpec], *, run_dir: Path | None = None,
+                 log: Callable[[str], None] | None = None) -> ExecutionPlan:
+    """The execution plan ``cfg.cluster.plan`` names, validated against the cluster and ``specs``.
+
+    With ``run_dir``, the plan is also written there as ``plan.yaml`` (a searched plan is only
+    reproducible from that file). Raises PlanError.
+    """
+    cl, r = cfg.cluster, cfg.rollout
+    rows, seq_len = r.num_prompts * r.num_samples_per_prompt, r.max_prompt_tokens + r.max_new_tokens
+    if cl.plan == "heuristic":
+        plan, where = heuristic_plan(cl, specs, rows=rows, seq_len=seq_len), "cluster.plan=heuristic"
+    elif cl.plan == "disjoint":
+        plan, where = disjoint_plan(cl, specs), "cluster.plan=disjoint"
+    elif cl.plan == "search":
+        from reallocation.estimator import hardware
+        from reallocation.search import search_plan
+
+        hw = hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
+        if log:
+            log(f"[plan] searching for {cl.plan_search_seconds:g} s ({cl.num_devices} x {cl.hardware})")
+        plan, _ = search_plan(workload(cfg, specs), hw, seconds=cl.plan_search_seconds, seed=cfg.run.seed)
+        where = "cluster.plan=search"
+    else:
+        plan = ExecutionPlan.load(cl.plan)
+        where = cl.plan
+    check_plan(plan, cl, specs, where)
+    if run_dir is not None:
+        plan.save(Path(run_dir) / PLAN_FILE)
+    return plan
