@@ -3,6 +3,7 @@
     python train.py                      # success reward, tiny model, synthetic task, local CPU
     python train.py +reward=prm_delta    # + PRM with the Delta refinement
     python train.py --cfg job +reward=prm_clip_delta model=qwen2.5-math-1.5b-instruct cluster=gpu_1x8
+    python train.py run.dry_run=true cluster=gpu_2x8 model=qwen2.5-math-7b-instruct   # the plan, no Ray
 """
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ def main(cfg: DictConfig) -> None:
     except ConfigError as e:
         raise SystemExit(f"config error: {e}") from None
     hydra_cfg = HydraConfig.get()
+    if typed.run.dry_run:
+        from reallocation.execution_plan import PlanError
+        from trainer.plan_select import dry_run_report
+
+        try:
+            print("\n".join(dry_run_report(typed, Path(hydra_cfg.runtime.output_dir))), flush=True)
+        except PlanError as e:
+            raise SystemExit(f"plan error: {e}") from None
+        return
     try:
         train(typed, Path(hydra_cfg.runtime.output_dir))
     except (DataError, ModelNotAvailable, TrainingError) as e:

@@ -102,6 +102,9 @@ class RunConfig:
     """Resume from the last complete checkpoint in the run directory if there is one."""
     num_logged_samples: int = 4
     """Sample generations written per iteration."""
+    dry_run: bool = False
+    """Print the execution plan (per call: devices, layout, predicted seconds and memory) and exit
+    without starting Ray or loading weights."""
 
 
 @dataclass

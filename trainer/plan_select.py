@@ -3,10 +3,12 @@
     specs = model_specs(cfg)                     # "actor", "critic", "ref" (+ "reward") -> ModelSpec
     plan = resolve_plan(cfg, specs)              # heuristic | search | disjoint | PATH.yaml
 
-- ``heuristic`` (the default): a fixed rule that fits any cluster shape. Every call uses every
-  device. Training is FSDP over all of them; generation is vLLM replicas of the smallest TP that
-  keeps a replica's weights within ``GEN_WEIGHT_BYTES_PER_DEVICE`` (TP 1 on CPU); inference is
-  data-parallel in generation's TP. On GPUs, training checkpoints activations and uses enough
+- ``heuristic`` (the default): a fixed rule that fits any cluster shape. Generation uses every
+  device, as vLLM replicas of the smallest TP that keeps a replica's weights within
+  ``GEN_WEIGHT_BYTES_PER_DEVICE`` (TP 1 on CPU). On one node every other call uses every device
+  too; on several, the actor's side (training, reference) takes the first half of the nodes and
+  the critic's side (critic, reward model) the rest. Training is FSDP over its devices; inference
+  is data-parallel in the same TP rule as generation. On GPUs, training checkpoints activations and uses enough
   micro-batches for at most ``TOKENS_PER_MICROBATCH`` tokens per device, and the frozen reference
   and reward models leave the GPU between their calls (offload).
 - ``disjoint``: each role on its own devices (generation; actor training; critic inference and
@@ -23,13 +25,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Callable
 
 from models.config import ModelConfig, ModelSource
 from reallocation.config import ClusterConfig
-from reallocation.execution_plan import CALLS, CallAllocation, ExecutionPlan, PlanError
+from reallocation.execution_plan import CALL_MODEL, CALLS, CallAllocation, ExecutionPlan, PlanError
 from reallocation.layout import ModelSpec
 from rewards.config import BUILTIN_REWARD_MODELS, RewardKind
 from trainer.config import TrainConfig
@@ -157,24 +159,33 @@ def _microbatches(rows_per_replica: int, seq_len: int, on_gpu: bool) -> int:
 
 
 def heuristic_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec], *, rows: int, seq_len: int) -> ExecutionPlan:
-    """Every call on every device (see the module docstring); ``rows`` sequences of ``seq_len`` tokens."""
-    n, gpu = cluster.num_devices, cluster.uses_gpus
-    everything = tuple(range(n))
-    tp = generation_tp(specs["actor"], math.gcd(n, cluster.devices_per_node), gpu)
+    """The fixed rule of the module docstring; ``rows`` sequences of ``seq_len`` tokens per iteration.
 
-    def spread(call: str, spec: ModelSpec, call_tp: int) -> CallAllocation:
-        train = call.endswith("_train")
-        call_tp = call_tp if _tp_ok(spec, call_tp) else 1
-        dp = n // call_tp
-        return CallAllocation(devices=everything, dp=dp, tp=call_tp,
+    One node: every call on every device. Two or more: generation still on every device, but the
+    actor's side (actor training, reference) on the first half of the nodes and the critic's side
+    (critic inference and training, reward model) on the rest, so that the two sides run at the
+    same time and no FSDP group pays the inter-node link.
+    """
+    n, gpu, per_node = cluster.num_devices, cluster.uses_gpus, cluster.devices_per_node
+    everything = tuple(range(n))
+    if cluster.num_nodes >= 2:
+        split = (cluster.num_nodes + 1) // 2 * per_node
+        actor_side, critic_side = everything[:split], everything[split:]
+    else:
+        actor_side = critic_side = everything
+    mesh = {"actor_gen": everything, "ref_inf": actor_side, "actor_train": actor_side,
+            "critic_inf": critic_side, "critic_train": critic_side, "rew_inf": critic_side}
+
+    def allocation(call: str, spec: ModelSpec) -> CallAllocation:
+        devices, train = mesh[call], call.endswith("_train")
+        tp = 1 if train else generation_tp(spec, math.gcd(len(devices), per_node), gpu)
+        dp = len(devices) // tp
+        return CallAllocation(devices=devices, dp=dp, tp=tp,
                               num_microbatches=1 if call == "actor_gen" else _microbatches(rows // dp, seq_len, gpu),
                               activation_checkpointing=train and gpu, offload=call in ("ref_inf", "rew_inf") and gpu)
 
-    model_of = {"actor_gen": "actor", "rew_inf": "reward", "ref_inf": "ref", "critic_inf": "critic",
-                "actor_train": "actor", "critic_train": "critic"}
-    calls = {c: spread(c, specs[model_of[c]], 1 if c.endswith("_train") else tp)
-             for c in CALLS if model_of[c] in specs}
-    return ExecutionPlan(cluster.num_nodes, cluster.devices_per_node, calls, source="heuristic")
+    calls = {c: allocation(c, specs[CALL_MODEL[c]]) for c in CALLS if CALL_MODEL[c] in specs}
+    return ExecutionPlan(cluster.num_nodes, per_node, calls, source="heuristic")
 
 
 def disjoint_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec]) -> ExecutionPlan:
@@ -243,3 +254,51 @@ def resolve_plan(cfg: TrainConfig, specs: dict[str, ModelSpec], *, run_dir: Path
     if run_dir is not None:
         plan.save(Path(run_dir) / PLAN_FILE)
     return plan
+
+
+# ----------------------------------------------------------------------------------------------- dry run
+
+
+def _mesh(plan: ExecutionPlan, alloc: CallAllocation) -> str:
+    """``node 0 devices 0-7``: where a call runs."""
+    nodes = sorted({plan.node_of(d) for d in alloc.devices})
+    devs = list(alloc.devices)
+    span = f"{devs[0]}-{devs[-1]}" if devs == list(range(devs[0], devs[-1] + 1)) and len(devs) > 1 else \
+        ",".join(map(str, devs))
+    where = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {nodes[0]}-{nodes[-1]}"
+    return f"{where} devices {span}"
+
+
+def dry_run_report(cfg: TrainConfig, run_dir: Path | None = None) -> list[str]:
+    """What `python train.py run.dry_run=true` prints: the plan, one line per call (mesh, layout,
+    predicted seconds, memory per device), and the cost model's totals on the last line.
+
+    Reads shapes from the configs only (no weights, no download, no Ray). The call's memory is its
+    own (resident + active) bytes per device; the peak is the fullest device of its mesh with every
+    model the plan keeps there.
+    """
+    from reallocation.estimator import call_memory, estimate_plan, hardware
+
+    cl = cfg.cluster
+    specs = model_specs(cfg)
+    plan = resolve_plan(cfg, specs, run_dir=run_dir)
+    w = workload(cfg, specs)
+    cost = estimate_plan(plan, w, hardware(cl.hardware, cl.num_nodes, cl.devices_per_node))
+    gib = float(1 << 30)
+    lines = [f"cluster: {cl.num_nodes} x {cl.devices_per_node} {cl.hardware}; plan: {plan.source}; model "
+             f"{cfg.model.name}; {w.batch} sequences x ({w.prompt_len} prompt + {w.gen_len} new) tokens per iteration"]
+    for call, alloc in plan.calls.items():
+        resident, active = call_memory(call, w.spec(call), alloc, w)
+        peak = max(cost.peak_bytes_per_device.get(d, 0.0) for d in alloc.devices)
+        lines.append(f"  {call:<13} {_mesh(plan, alloc):<26} {alloc.describe().split(' ', 1)[1]:<24} "
+                     f"{cost.call_seconds[call]:8.2f} s  {(resident + active) / gib:6.1f} GiB/device "
+                     f"(peak {peak / gib:.1f})")
+    lines.append(f"  reallocation {cost.realloc_seconds:.2f} s per iteration; calls on disjoint devices overlap")
+    if not cost.fits:
+        lines.append(f"warning: the fullest device needs {cost.overflow_bytes / gib:.1f} GiB more than a "
+                     f"{cl.hardware} has")
+    if run_dir is not None:
+        lines.append(f"written: {Path(run_dir) / PLAN_FILE} (run it with cluster.plan=<that path>)")
+    lines.append(f"plan: {plan.num_devices} devices, predicted {cost.seconds_per_iteration:.2f} s/iteration, "
+                 f"peak {cost.peak_bytes / gib:.1f} GiB/device")
+    return lines

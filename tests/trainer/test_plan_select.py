@@ -13,7 +13,13 @@ from reallocation.execution_plan import CallAllocation, ExecutionPlan, PlanError
 from trainer.compose import to_train_config
 from trainer.config import TrainConfig, register_configs
 from trainer.plan_select import (
-    PLAN_FILE, disjoint_plan, generation_tp, heuristic_plan, model_spec, model_specs, resolve_plan,
+    PLAN_FILE,
+    disjoint_plan,
+    generation_tp,
+    heuristic_plan,
+    model_spec,
+    model_specs,
+    resolve_plan,
 )
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -50,9 +56,14 @@ def test_heuristic_uses_every_device_and_never_more(cluster, model):
     plan = resolve_plan(cfg, model_specs(cfg))
     n = cfg.cluster.num_devices
     assert plan.num_devices == n and plan.source == "heuristic"
-    assert all(a.devices == tuple(range(n)) for a in plan.calls.values())
-    assert plan.calls["actor_train"].dp == plan.calls["critic_train"].dp == n  # FSDP over all of them
+    assert plan.calls["actor_gen"].devices == tuple(range(n))
     assert "rew_inf" not in plan.calls  # success reward: no reward model
+    if cfg.cluster.num_nodes == 1:
+        assert all(a.devices == tuple(range(n)) for a in plan.calls.values())
+        assert plan.calls["actor_train"].dp == plan.calls["critic_train"].dp == n  # FSDP over all of them
+    else:  # actor's side on node 0, critic's side on node 1: they train at the same time
+        assert plan.calls["actor_train"].devices == plan.calls["ref_inf"].devices == tuple(range(8))
+        assert plan.calls["critic_train"].devices == plan.calls["critic_inf"].devices == tuple(range(8, 16))
 
 
 def test_heuristic_on_gpus_worked_example_7b_on_one_node():
