@@ -31,14 +31,14 @@ Numbers are for ranking plans, not for predicting wall time to the second.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Mapping
 
 import numpy as np
 
 from reallocation.execution_plan import CALL_KIND, CALL_MODEL, GENERATE, INFERENCE, TRAIN, CallAllocation, ExecutionPlan
-from reallocation.layout import COLUMN, KV, ROW, VOCAB, ModelSpec
+from reallocation.layout import ROW, ModelSpec
 
 BYTES = 2  # bf16 weights, activations and KV cache
 TRAIN_STATE_BYTES = 18  # bf16 weights + fp32 master, gradients, Adam m and v, per parameter
@@ -156,11 +156,9 @@ def _pp_comm(spec: ModelSpec, alloc: CallAllocation, tokens_per_replica: float, 
     return passes * (alloc.pp - 1) * (tokens_per_replica * spec.hidden_size * BYTES / alloc.tp / link + hw.collective_latency_s)
 
 
-def _layer_seconds(op: str, spec: ModelSpec, tokens: float, context: float, alloc: CallAllocation, hw: Hardware) -> float | None:
-    """Measured seconds of one decoder layer from ``hw.profile``, or None to use the analytic model."""
-    if hw.profile is None:
-        return None
-    return hw.profile.layer_seconds(op, spec, tokens=tokens, context=context, tp=alloc.tp)  # type: ignore[attr-defined]
+def _measured(op: str, spec: ModelSpec, tokens: float, alloc: CallAllocation, hw: Hardware, context: float = 0.0) -> float:
+    """Seconds of one layer (or the LM head, ``head_*`` ops) from ``hw.profile``."""
+    return hw.profile.seconds(op, spec, tokens=tokens, context=context, tp=alloc.tp)  # type: ignore[attr-defined]
 
 
 def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:
@@ -175,10 +173,11 @@ def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload,
     train = kind == TRAIN
     passes = (4 if alloc.activation_checkpointing else 3) if train else 1
     bubble = (mb + pp - 1) / mb
-    measured = _layer_seconds("train" if train else "forward", spec, tokens_mb, w.seq_len, alloc, hw)
-    if measured is not None:
+    if hw.profile is not None:
+        layer = _measured("train" if train else "forward", spec, tokens_mb, alloc, hw, w.seq_len)
+        head = _measured("head_train" if train else "head_forward", spec, tokens_mb, alloc, hw, w.seq_len)
         ckpt = (4 / 3) if train and alloc.activation_checkpointing else 1.0
-        compute = measured * ckpt * spec.num_layers / pp * mb * bubble
+        compute = (layer * ckpt * spec.num_layers / pp + head) * mb * bubble
     else:
         compute = 2 * n * tokens * passes / (len(alloc.devices) * hw.peak_flops * _efficiency(tokens_mb / tp, hw)) * bubble
     t = compute + _tp_comm(spec, alloc, tokens / dp, 2 * passes, hw) * bubble
@@ -188,7 +187,10 @@ def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload,
         if dp > 1:
             gathers = (2 * mb + 1) * (dp - 1) / dp * shard / _dp_link(alloc, hw)
             t = max(t, gathers) + hw.collective_latency_s * spec.num_layers * mb
-        t += 2 * n * (TRAIN_STATE_BYTES - BYTES) / (tp * pp * dp) / hw.hbm_bytes_per_s  # Adam reads + writes fp32 state
+        if hw.profile is not None:  # the measured Adam step of one unsharded layer, split by FSDP
+            t += _measured("optimizer", spec, 0, alloc, hw) * spec.num_layers / (pp * dp)
+        else:  # Adam reads and writes the fp32 state
+            t += 2 * n * (TRAIN_STATE_BYTES - BYTES) / (tp * pp * dp) / hw.hbm_bytes_per_s
     return t
 
 
@@ -197,19 +199,18 @@ def _generate_seconds(spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: H
     mb, pp, dp, tp = alloc.num_microbatches, alloc.pp, alloc.dp, alloc.tp
     wave = w.batch / (dp * mb)  # sequences per replica per wave
     prefill_tokens = wave * w.prompt_len
-    measured = _layer_seconds("prefill", spec, prefill_tokens, w.prompt_len, alloc, hw)
-    if measured is not None:
-        prefill = measured * spec.num_layers
+    context = w.prompt_len + w.gen_len / 2
+    if hw.profile is not None:
+        prefill = (_measured("forward", spec, prefill_tokens, alloc, hw, w.prompt_len) * spec.num_layers
+                   + _measured("head_forward", spec, wave, alloc, hw))
+        stage = (_measured("decode", spec, wave, alloc, hw, context) * spec.num_layers
+                 + _measured("head_forward", spec, wave, alloc, hw)) / pp
     else:
         prefill = 2 * n * prefill_tokens / (tp * hw.peak_flops * _efficiency(prefill_tokens / tp, hw))
-    prefill += _tp_comm(spec, alloc, prefill_tokens, 2, hw)
-    weights = n * BYTES / (tp * pp)
-    kv_avg = _kv_bytes(spec, alloc, wave, w.prompt_len + w.gen_len / 2)
-    measured = _layer_seconds("decode", spec, wave, w.prompt_len + w.gen_len / 2, alloc, hw)
-    if measured is not None:
-        stage = measured * spec.num_layers / pp
-    else:
+        weights = n * BYTES / (tp * pp)
+        kv_avg = _kv_bytes(spec, alloc, wave, context)
         stage = max((weights + kv_avg) / hw.hbm_bytes_per_s, 2 * n * wave / (tp * pp * hw.peak_flops * hw.mfu))
+    prefill += _tp_comm(spec, alloc, prefill_tokens, 2, hw)
     stage += _tp_comm(spec, alloc, wave, 2, hw) / pp + hw.collective_latency_s * (pp > 1)
     # Waves overlap across pipeline stages: mb waves take (mb + pp - 1) stage-steps per token.
     decode = w.gen_len * stage * (mb + pp - 1)
@@ -402,7 +403,7 @@ def _estimate(calls: tuple[tuple[str, CallAllocation], ...], w: Workload, hw: Ha
 
 
 @lru_cache(maxsize=8)
-def evaluator(w: Workload, hw: Hardware) -> "Evaluator":
+def evaluator(w: Workload, hw: Hardware) -> Evaluator:
     """One shared ``Evaluator`` per workload and hardware, so its caches serve every caller."""
     return Evaluator(w, hw)
 

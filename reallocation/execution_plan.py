@@ -33,9 +33,10 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from reallocation.layout import Layout, ModelSpec
 
@@ -221,7 +222,7 @@ class ExecutionPlan:
             raise
 
     @classmethod
-    def load(cls, path: str | Path) -> "ExecutionPlan":
+    def load(cls, path: str | Path) -> ExecutionPlan:
         """Read a plan file; ``source`` becomes the path when the file does not set one."""
         path = Path(path)
         try:
@@ -232,7 +233,7 @@ class ExecutionPlan:
         return replace(plan, source=plan.source or str(path), origin=str(path))
 
     @classmethod
-    def from_yaml(cls, text: str, where: str = "<plan>") -> "ExecutionPlan":
+    def from_yaml(cls, text: str, where: str = "<plan>") -> ExecutionPlan:
         import yaml
 
         try:
@@ -242,7 +243,7 @@ class ExecutionPlan:
         return cls.from_dict(data, where=where)
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = "<plan>") -> "ExecutionPlan":
+    def from_dict(cls, data: Any, where: str = "<plan>") -> ExecutionPlan:
         """Parse plain data (e.g. a loaded YAML or OmegaConf container); rejects unknown keys."""
         if not isinstance(data, Mapping):
             raise PlanError(f"{where}: expected a mapping with keys {list(_TOP_KEYS)}, got {type(data).__name__}")

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict, deque
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from reallocation.layout import Box, Holdings, Shape, box_numel, full_box, intersect, subtract
 
@@ -94,7 +94,7 @@ class Plan:
         """Transfers expanded to one message per destination, in plan order."""
         return [Message(t.src, d, t.name, t.box) for t in self.transfers for d in t.dsts]
 
-    def subset(self, names: Iterable[str]) -> "Plan":
+    def subset(self, names: Iterable[str]) -> Plan:
         """The part of the plan for ``names`` (parameters are planned independently)."""
         keep = set(names)
         return Plan(

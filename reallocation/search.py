@@ -126,7 +126,7 @@ def search(workload: Workload, hw: Hardware, *, seconds_budget: float, seed: int
     return SearchReport(plan, best[0], base, time.perf_counter() - t0, state.num_evaluations, start_name)
 
 
-def _descend(state: "_State", current: dict[str, CallAllocation], options: dict[str, list[CallAllocation]],
+def _descend(state: _State, current: dict[str, CallAllocation], options: dict[str, list[CallAllocation]],
              deadline: float) -> tuple[dict[str, CallAllocation], PlanCost]:
     """Coordinate descent: re-pick each call's best candidate until no single change helps."""
     current = dict(current)

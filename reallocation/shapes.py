@@ -31,7 +31,10 @@ NAMED_SPECS: dict[str, ModelSpec] = {
                                    head_dim=128, vocab_size=151936, tie_word_embeddings=True, qkv_bias=True),
     "qwen2.5-math-7b": ModelSpec(num_layers=28, hidden_size=3584, intermediate_size=18944, num_heads=28, num_kv_heads=4,
                                  head_dim=128, vocab_size=152064, tie_word_embeddings=False, qkv_bias=True),
-    # SmolLM2-135M (HuggingFaceTB/SmolLM2-135M config.json): the CPU calibration model.
+    # realm's tiny model (configs/model/tiny.yaml: models.config defaults, vocabulary 400) and
+    # SmolLM2-135M (HuggingFaceTB/SmolLM2-135M config.json): the CPU calibration models.
+    "tiny": ModelSpec(num_layers=2, hidden_size=128, intermediate_size=384, num_heads=2, num_kv_heads=1,
+                      head_dim=64, vocab_size=400, tie_word_embeddings=True, qkv_bias=True),
     "smollm2-135m": ModelSpec(num_layers=30, hidden_size=576, intermediate_size=1536, num_heads=9, num_kv_heads=3,
                               head_dim=64, vocab_size=49152, tie_word_embeddings=True),
 }

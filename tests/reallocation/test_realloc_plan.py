@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 
 from reallocation.layout import Layout, box_numel, intersect, local_slices, single_rank_holdings
 from reallocation.plan import (
-    ALIGN, Transfer, aligned, gather_broadcast_bytes, lower_bound_elements, make_plan, schedule, take_box,
+    ALIGN,
+    Transfer,
+    aligned,
+    gather_broadcast_bytes,
+    lower_bound_elements,
+    make_plan,
+    schedule,
+    take_box,
 )
 from reallocation.reshard import reshard_in_process
 from tests.reallocation.realloc_testlib import all_shards, mismatches, reference_weights, tiny_spec

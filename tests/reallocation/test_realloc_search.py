@@ -8,7 +8,14 @@ import pytest
 from reallocation.baselines import disjoint, real_heuristic, symmetric
 from reallocation.candidates import candidates, device_meshes
 from reallocation.estimator import (
-    Hardware, Workload, call_memory, call_seconds, estimate_plan, hardware, offload_seconds, realloc_seconds,
+    Hardware,
+    Workload,
+    call_memory,
+    call_seconds,
+    estimate_plan,
+    hardware,
+    offload_seconds,
+    realloc_seconds,
 )
 from reallocation.execution_plan import CallAllocation, ExecutionPlan, PlanError
 from reallocation.search import NoFitError, main, search, search_plan

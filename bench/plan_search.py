@@ -1,0 +1,129 @@
+"""Benchmark: execution-plan search vs the three baselines at the ReaL paper's settings.
+
+    .venv/bin/python bench/plan_search.py --json bench/out/plan_search.json
+
+Settings (LLaMA-2 shapes, the reward model has the critic's shape and the reference the actor's;
+batch 512, prompt 128, generation 896 on 8-GPU A100-80GB nodes): 7B+7B on 8 and 16 GPUs, 13B+7B on
+16, 34B+7B on 32, 70B+7B and 70B+70B on 64 and 128, plus a long-context setting (7B+7B on 16 GPUs,
+generation 2048). For each: the predicted seconds per iteration of ReaL-Heuristic, the symmetric
+(DeepSpeed-Chat-style) and the disjoint (OpenRLHF-style) plan ("oom" when it does not fit), of the
+searched plan, the speedups over each fitting baseline, and the search's wall time. All numbers
+are the estimator's predictions, measured in the same run; none is a GPU measurement.
+
+Writes the JSON (a list of objects, one per setting) atomically and a PNG of the speedups next to it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from reallocation.estimator import Workload, hardware  # noqa: E402
+from reallocation.search import search  # noqa: E402
+from reallocation.shapes import named_spec  # noqa: E402
+
+# (actor, critic, GPUs, generation length)
+SETTINGS = [
+    ("7b", "7b", 8, 896), ("7b", "7b", 16, 896), ("13b", "7b", 16, 896), ("34b", "7b", 32, 896),
+    ("70b", "7b", 64, 896), ("70b", "70b", 64, 896), ("70b", "7b", 128, 896), ("70b", "70b", 128, 896),
+    ("7b", "7b", 16, 2048),
+]
+BASELINE_LABELS = {"real_heuristic": "ReaL-Heuristic", "symmetric": "symmetric", "disjoint": "disjoint"}
+
+
+def run_setting(actor: str, critic: str, num_gpus: int, gen_len: int, seconds: float, seed: int) -> dict:
+    w = Workload(named_spec(actor), named_spec(critic), named_spec(critic), batch=512, prompt_len=128, gen_len=gen_len)
+    hw = hardware("a100-80g", max(1, num_gpus // 8), min(8, num_gpus))
+    report = search(w, hw, seconds_budget=seconds, seed=seed)
+    row = {"setting": f"{actor.upper()}+{critic.upper()} on {num_gpus} GPUs, gen {gen_len}",
+           "actor": actor, "critic": critic, "num_gpus": num_gpus, "batch": 512, "prompt_len": 128, "gen_len": gen_len,
+           "search_s_per_iteration": report.cost.seconds_per_iteration, "search_wall_s": report.search_seconds,
+           "num_plans_evaluated": report.num_evaluations, "started_from": report.start,
+           "plan": report.plan.to_dict()["calls"]}
+    for name in BASELINE_LABELS:
+        cost = report.baselines[name][1]
+        fits = cost is not None and cost.fits
+        row[f"{name}_s_per_iteration"] = cost.seconds_per_iteration if fits else None  # None: oom
+        row[f"speedup_vs_{name}"] = cost.seconds_per_iteration / report.cost.seconds_per_iteration if fits else None
+    return row
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "oom" if value is None else format(value, spec)
+
+
+def table(rows: list[dict]) -> str:
+    header = ("| setting | ReaL-Heuristic s | symmetric s | disjoint s | search s | × ReaL-Heuristic | × symmetric "
+              "| × disjoint | search wall s |")
+    lines = [header, "|" + "---|" * 9]
+    for r in rows:
+        cells = [r["setting"]] + [_fmt(r[f"{n}_s_per_iteration"], ".1f") for n in BASELINE_LABELS]
+        cells.append(f"{r['search_s_per_iteration']:.1f}")
+        cells += [_fmt(r[f"speedup_vs_{n}"], ".2f") for n in BASELINE_LABELS]
+        cells.append(f"{r['search_wall_s']:.0f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _write(rows: list[dict], path: str) -> None:
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        json.dump(rows, f, indent=2)
+    os.replace(tmp, out)
+
+
+def _plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(11, 4.5))
+    width = 0.27
+    for k, (name, label) in enumerate(BASELINE_LABELS.items()):
+        values = [r[f"speedup_vs_{name}"] or 0.0 for r in rows]
+        bars = ax.bar([i + (k - 1) * width for i in range(len(rows))], values, width, label=f"search vs {label}")
+        for bar, r in zip(bars, rows):
+            if r[f"speedup_vs_{name}"] is None:
+                ax.text(bar.get_x() + width / 2, 0.05, "oom", ha="center", va="bottom", rotation=90, fontsize=7)
+    ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(rows)), [r["setting"].replace(" on ", "\n").replace(", gen", "\ngen") for r in rows], fontsize=7)
+    ax.set_ylabel("predicted speedup of the searched plan (×)")
+    ax.set_title("Plan search vs baselines (estimator predictions, A100-80GB nodes, batch 512, prompt 128)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=120)
+    os.replace(tmp, path)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", required=True, help="output JSON path (PNG written next to it)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="search budget per setting (70B+70B gets 3x)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", default=None, help="run settings whose name contains this text")
+    args = parser.parse_args()
+    from tqdm import tqdm
+
+    settings = [s for s in SETTINGS if args.only is None or args.only.lower() in f"{s[0]}+{s[1]} on {s[2]}"]
+    rows = []
+    for actor, critic, num_gpus, gen_len in tqdm(settings, desc="settings", unit="setting"):
+        budget = args.seconds * (3 if actor == critic == "70b" else 1)
+        rows.append(run_setting(actor, critic, num_gpus, gen_len, budget, args.seed))
+        _write(rows, args.json)
+    print(table(rows))
+    _plot(rows, Path(args.json).with_suffix(".png"))
+    print(f"wrote {args.json} and {Path(args.json).with_suffix('.png')}")
+
+
+if __name__ == "__main__":
+    main()
