@@ -271,6 +271,8 @@ def print_table(result: dict) -> None:
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
+    from eval.files import atomic_save_figure
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -303,19 +305,14 @@ def plot(result: dict, path: Path) -> None:
     fig.suptitle(f"PPO iteration, {w['model']}: {w['rollouts']} rollouts x {w['max_new_tokens']} tokens, "
                  f"same machine load, same run", fontsize=10)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
+    atomic_save_figure(fig, path, dpi=100)
     _log(f"wrote {path}")
 
 
 def write_json(result: dict, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", delete=False) as f:
-        json.dump(result, f, indent=2)
-        tmp = f.name
-    os.replace(tmp, path)
+    from eval.files import atomic_write_json
+
+    atomic_write_json(path, result)
     _log(f"wrote {path}")
 
 

@@ -18,7 +18,6 @@ baseline_time_s, exact, ...) atomically, and a PNG bar chart next to it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from eval.files import atomic_save_figure, atomic_write_json  # noqa: E402
 from reallocation.layout import Layout, ModelSpec, full_box, local_slices  # noqa: E402
 from reallocation.names import vllm_layout  # noqa: E402
 from reallocation.plan import gather_broadcast_bytes, lower_bound_bytes, make_plan  # noqa: E402
@@ -222,11 +222,7 @@ def _worker(rank: int, world_size: int, store: str, args) -> None:
 
 def _write(rows: list[dict], path: str) -> None:
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=out.parent, prefix=f".{out.name}.", delete=False) as f:
-        json.dump(rows, f, indent=2)
-        tmp = f.name
-    os.replace(tmp, out)
+    atomic_write_json(out, rows)
     mib = 2**20
     print(f"\n{'pair':<18}{'moved MiB':>10}{'lower MiB':>10}{'base MiB':>10}{'time s':>9}{'base s':>9}{'speedup':>9}"
           f"{'exact':>7}{'buf MiB':>9}{'rss+ MiB':>10}{'bound MiB':>10}")
@@ -264,9 +260,7 @@ def _plot(rows: list[dict], path: Path) -> None:
     ax_b.set_xticklabels(names, rotation=30, ha="right")
     ax_b.legend()
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, path)
+    atomic_save_figure(fig, path, dpi=100)
     print(f"[bench] wrote {path}")
 
 

@@ -165,7 +165,8 @@ def auto_kv_cache_gib(model_dir: Path, dtype: str, num_sequences: int, num_token
 
 
 def _prepare_run_dir(run_dir: Path, key: dict[str, Any], resume: bool) -> None:
-    from eval.report import CONFIG_FILE, SAMPLES_FILE, SUMMARY_FILE, write_json
+    from eval.files import atomic_write_json
+    from eval.report import CONFIG_FILE, SAMPLES_FILE, SUMMARY_FILE
 
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / CONFIG_FILE
@@ -178,7 +179,7 @@ def _prepare_run_dir(run_dir: Path, key: dict[str, Any], resume: bool) -> None:
             diff = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
             raise EvalError(f"{run_dir} holds an evaluation with other settings (differs in: {', '.join(diff)}); "
                             "choose another out_dir, or resume=false to overwrite it")
-    write_json(config_path, key)
+    atomic_write_json(config_path, key)
 
 
 def _problems_and_template(cfg: EvalConfig):

@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from eval.evaluate import read_samples
+from eval.files import atomic_save_figure, atomic_write_json, atomic_write_text
 from eval.metrics import default_ks, maj_at_k, pass_at_k
-from eval.report import SAMPLES_FILE, write_atomic, write_json
+from eval.report import SAMPLES_FILE
 
 AGGREGATIONS: dict[str, Callable[[Sequence[float]], float]] = {
     "min": min,
@@ -158,10 +159,7 @@ def plot(curves: dict[str, dict[str, float]], path: Path) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    atomic_save_figure(fig, path, dpi=120)
 
 
 def run_best_of_n(run_dir: Path, scorer: Scorer, kind: str, aggregations: Sequence[str], rm_name: str,
@@ -175,7 +173,7 @@ def run_best_of_n(run_dir: Path, scorer: Scorer, kind: str, aggregations: Sequen
     meta = {"run_dir": str(run_dir), "rm": rm_name, "kind": kind, "num_problems": len(problems),
             "num_samples": len(problems[0])}
     result = {**meta, "curves": curves}
-    write_json(run_dir / "best_of_n.json", result)
-    write_atomic(run_dir / "best_of_n.md", render_markdown(curves, meta))
+    atomic_write_json(run_dir / "best_of_n.json", result)
+    atomic_write_text(run_dir / "best_of_n.md", render_markdown(curves, meta))
     plot(curves, run_dir / "best_of_n.png")
     return result

@@ -14,8 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from eval.files import atomic_save_figure, atomic_write_text
 from eval.metrics import format_ci
-from eval.report import SUMMARY_FILE, load_summary, write_atomic
+from eval.report import SUMMARY_FILE, load_summary
 
 
 def find_runs(paths: list[str]) -> list[Path]:
@@ -116,10 +117,7 @@ def plot(runs: list[tuple[Path, dict[str, Any]]], path: Path) -> None:
         ax2.grid(alpha=0.3)
         ax2.legend(fontsize=7)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    plt.close(fig)
-    tmp.replace(path)
+    atomic_save_figure(fig, path, dpi=120)
 
 
 def compare(run_dirs: list[str], out_dir: Path) -> Path:
@@ -131,7 +129,7 @@ def compare(run_dirs: list[str], out_dir: Path) -> Path:
     if (levels := subject_table(runs, "by_level")) is not None:
         parts += ["## Accuracy % by level (problems)", "", levels, ""]
     parts += ["## Runs", ""] + [f"- `{d.name}`: `{d}`" for d, _ in runs] + ["", "![comparison](comparison.png)", ""]
-    write_atomic(out_dir / "comparison.md", "\n".join(parts))
+    atomic_write_text(out_dir / "comparison.md", "\n".join(parts))
     plot(runs, out_dir / "comparison.png")
     return out_dir
 

@@ -18,14 +18,15 @@ import json
 import os
 import random
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
 from eval.data import Problem
+from eval.files import atomic_write_text
 from eval.metrics import summarize
+from eval.progress import Progress
 from eval.prompts import PromptTemplate
 
 
@@ -85,13 +86,6 @@ def _stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def _fmt_seconds(s: float) -> str:
-    s = int(round(s))
-    h, rem = divmod(s, 3600)
-    m, sec = divmod(rem, 60)
-    return f"{h}h{m:02d}m{sec:02d}s" if h else f"{m}m{sec:02d}s"
-
-
 def read_samples(path: Path) -> list[dict[str, Any]]:
     """Records of a samples JSONL file; a torn last line (killed mid-write) is ignored."""
     if not path.exists():
@@ -116,13 +110,7 @@ def _append(path: Path, records: list[dict[str, Any]]) -> None:
 
 def _rewrite(path: Path, records: list[dict[str, Any]]) -> None:
     """Atomically replace ``path`` with exactly ``records`` (drops torn lines and partial problems)."""
-    tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, ensure_ascii=False) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
 def _as_completion(c: CompletionLike | str) -> tuple[str, int, str]:
@@ -170,7 +158,10 @@ def evaluate(
                                       max_new_tokens=max_new_tokens, seed=seed)
     if template.stop:
         gen_kwargs["stop"] = list(template.stop)
-    progress = _Progress(len(problems), len(todo), log)
+    # The default log (stderr) gets a bar on a terminal, lines elsewhere; a given log gets lines.
+    progress = Progress(len(problems), "[eval]", unit="problem", initial=len(problems) - len(todo),
+                        log=None if log is _stderr else (log or (lambda _: None)))
+    num_tokens = 0
     for start in range(0, len(todo), chunk_size):
         chunk = todo[start : start + chunk_size]
         outs = generate_fn([prompts[p.id] for p in chunk], **gen_kwargs)
@@ -179,7 +170,9 @@ def evaluate(
             _append(path, new)
         for r in new:
             done.setdefault(r["id"], []).append(r)
-        progress.update(len(chunk), sum(r["num_tokens"] for r in new))
+        num_tokens += sum(r["num_tokens"] for r in new)
+        progress.update(len(chunk), f"{num_tokens / max(progress.elapsed(), 1e-9):.0f} tokens/s")
+    progress.close()
 
     per_problem = [sorted(done[p.id], key=lambda r: r["sample_index"]) for p in problems]
     records = [r for samples in per_problem for r in samples]
@@ -193,7 +186,7 @@ def evaluate(
     }
     summary["timing"] = {
         "num_problems_generated": len(todo), "num_problems_resumed": len(problems) - len(todo),
-        "generate_and_grade_seconds": progress.elapsed(), "num_tokens_generated": progress.num_tokens,
+        "generate_and_grade_seconds": progress.elapsed(), "num_tokens_generated": num_tokens,
     }
     return EvalResult(summary=summary, records=records)
 
@@ -247,30 +240,6 @@ def _graded_records(chunk: Sequence[Problem], outs: Sequence[Sequence[Completion
         record.update({k: p.metadata[k] for k in ("subject", "level") if k in p.metadata})
         records.append(record)
     return records
-
-
-class _Progress:
-    """Progress lines with rates measured over this call (resumed problems excluded) and an ETA."""
-
-    def __init__(self, num_problems: int, num_todo: int, log: Callable[[str], None] | None):
-        self.num_problems, self.num_todo, self.log = num_problems, num_todo, log or (lambda _: None)
-        self.num_done = 0
-        self.num_tokens = 0
-        self.t0 = time.monotonic()
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self.t0
-
-    def update(self, num_problems: int, num_tokens: int) -> None:
-        self.num_done += num_problems
-        self.num_tokens += num_tokens
-        elapsed = max(self.elapsed(), 1e-9)
-        rate = self.num_done / elapsed
-        left = self.num_todo - self.num_done
-        total = self.num_problems - left
-        self.log(f"[eval] {total}/{self.num_problems} problems ({100 * total / self.num_problems:.0f}%) | "
-                 f"{rate:.2f} problems/s, {self.num_tokens / elapsed:.0f} tokens/s | "
-                 f"elapsed {_fmt_seconds(elapsed)}, ETA {_fmt_seconds(left / rate) if rate > 0 else '?'}")
 
 
 def _resume(path: Path | None, problems: Sequence[Problem], prompts: dict[str, str], num_samples: int,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import random
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

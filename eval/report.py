@@ -1,34 +1,21 @@
 """Run directory files: ``summary.json`` and ``report.md`` (``samples.jsonl`` is written by evaluate).
 
-Every file is written to a temporary name and renamed into place, so a killed run never leaves a
-half-written summary or report behind.
+Every file is written atomically (``eval.files``), so a killed run never leaves a half-written
+summary or report behind.
 """
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from eval.files import atomic_write_json, atomic_write_text
 from eval.metrics import format_ci
 
 SAMPLES_FILE = "samples.jsonl"
 SUMMARY_FILE = "summary.json"
 REPORT_FILE = "report.md"
 CONFIG_FILE = "config.json"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with tmp.open("w", encoding="utf-8") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    write_atomic(path, json.dumps(obj, indent=2, ensure_ascii=False, default=str) + "\n")
 
 
 def _pct(x: float) -> str:
@@ -107,8 +94,8 @@ def render_markdown(summary: dict[str, Any], records: list[dict[str, Any]], num_
 def write_report(run_dir: Path, summary: dict[str, Any], records: list[dict[str, Any]]) -> Path:
     """Write ``summary.json`` and ``report.md`` into ``run_dir``; returns ``run_dir``."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    write_json(run_dir / SUMMARY_FILE, summary)
-    write_atomic(run_dir / REPORT_FILE, render_markdown(summary, records))
+    atomic_write_json(run_dir / SUMMARY_FILE, summary)
+    atomic_write_text(run_dir / REPORT_FILE, render_markdown(summary, records))
     return run_dir
 
 

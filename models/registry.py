@@ -5,7 +5,7 @@
 - hf: a local directory as is, or a hub id (needs a reachable hub; these machines have none).
 
 The cache lives in ``$REALM_CACHE_DIR`` (default ``~/.cache/realm``); entries are keyed by a hash
-of the config, written to a temp directory and renamed into place so a killed build leaves nothing
+of the config and built with ``eval.files.atomic_build_dir``, so a killed build leaves nothing
 half-written.
 """
 from __future__ import annotations
@@ -15,11 +15,10 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from enum import Enum
 from pathlib import Path
 
+from eval.files import atomic_build_dir
 from models.config import ModelConfig, ModelSource
 
 
@@ -43,40 +42,18 @@ def _config_key(cfg: ModelConfig) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
-def build_atomically(target: Path, build) -> Path:
-    """Run ``build(tmp_dir)`` and rename the result to ``target``; reuse ``target`` if present."""
-    if (target / ".complete").exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".tmp-", dir=target.parent))
-    try:
-        build(tmp)
-        (tmp / ".complete").write_text("ok\n")
-        if target.exists():  # a stale, incomplete build from a killed run
-            shutil.rmtree(target)
-        try:
-            os.replace(tmp, target)
-        except OSError:
-            if not (target / ".complete").exists():  # lost a race with nobody: a real error
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
-
-
 def resolve_model_dir(cfg: ModelConfig) -> Path:
     """A local HF directory for ``cfg``, building or converting it on first use."""
     if cfg.source == ModelSource.tiny:
         from models.tiny import build_tiny
 
         target = cache_root() / "models" / f"tiny-{cfg.name}-{_config_key(cfg)}"
-        return build_atomically(target, lambda d: build_tiny(cfg.tiny, d))
+        return atomic_build_dir(target, lambda d: build_tiny(cfg.tiny, d))
     if cfg.source == ModelSource.gguf:
         from models.gguf import convert_gguf
 
         target = cache_root() / "models" / f"gguf-{cfg.name}-{_config_key(cfg)}"
-        return build_atomically(target, lambda d: convert_gguf(find_packaged_file(cfg.path, cfg.hub_hint), d, cfg.dtype))
+        return atomic_build_dir(target, lambda d: convert_gguf(find_packaged_file(cfg.path, cfg.hub_hint), d, cfg.dtype))
     path = Path(cfg.path).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():

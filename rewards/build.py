@@ -12,15 +12,16 @@ Steps are always counted, whatever the kind, because step inflation is how PRM h
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import torch
 
 from rewards.config import BUILTIN_REWARD_MODELS, Refinement, RewardConfig, RewardKind
 from rewards.eta import eta_for_zero_fraction, zero_fraction
-from rewards.reward_model import RewardModel, RewardModelError, load_reward_model
 from rewards.refine import refine_batched
+from rewards.reward_model import RewardModel, RewardModelError, load_reward_model
 from rewards.segment import SegmentedResponse, Step, segment_response
 from rewards.types import RewardBatch, RewardFn, RewardSample
 
@@ -165,11 +166,23 @@ class ShapedReward:
 
 
 def resolve_reward_model(path: str) -> Path:
-    """A local HF directory for reward.model.path: built-in (trained on first use), a directory, or a hub id."""
-    if path in BUILTIN_REWARD_MODELS:
-        from rewards.train_rm import ensure_builtin
+    """A local HF directory for reward.model.path: a trained built-in, a directory, or a hub id.
 
-        return ensure_builtin(path)
+    Only finds: training a built-in is its own step (``rewards.train_rm.ensure_builtin``, which the
+    training driver runs before start, or ``python -m rewards.train_rm kind=prm``).
+    """
+    if path in BUILTIN_REWARD_MODELS:
+        from eval.files import is_complete
+        from rewards.train_rm import builtin_config, default_output_dir
+
+        cfg = builtin_config(path)
+        target = default_output_dir(cfg)
+        if not is_complete(target):
+            raise RewardModelError(
+                f"reward.model.path={path} is not trained yet ({target}): train it with "
+                f"`python -m rewards.train_rm kind={cfg.kind.value}` (train.py does this before it starts)"
+            )
+        return target
     local = Path(path).expanduser()
     if local.is_dir():
         if not (local / "config.json").exists():

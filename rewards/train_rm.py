@@ -49,6 +49,8 @@ from typing import Any, Sequence
 
 import torch
 
+from eval.files import atomic_build_dir, is_complete
+from eval.progress import Progress
 from models.config import ModelConfig
 from models.schedule import LRSchedule, build_lr_scheduler
 from rewards.config import Readout, RewardKind
@@ -178,13 +180,11 @@ def builtin_config(path: str) -> RMTrainConfig:
 
 def ensure_builtin(path: str) -> Path:
     """The cached directory of a built-in reward model, trained now (a minute or two on CPU) if absent."""
-    from models.registry import build_atomically
-
     cfg = builtin_config(path)
     target = default_output_dir(cfg)
-    if not (target / ".complete").exists():
+    if not is_complete(target):
         _log(f"{path} is not cached: training it into {target}")
-    return build_atomically(target, lambda tmp: train_reward_model(cfg, tmp))
+    return atomic_build_dir(target, lambda tmp: train_reward_model(cfg, tmp))
 
 
 def _log(message: str) -> None:
@@ -417,6 +417,7 @@ def _train(cfg: RMTrainConfig, output_dir: Path) -> dict[str, Any]:
     order: list[int] = []
     model.train()
     running = []
+    progress = Progress(cfg.num_steps, f"[train_rm] {cfg.kind.value}", unit="step", every=cfg.log_every)
     for step in range(cfg.num_steps):
         if len(order) < cfg.batch_size:
             order += rng.sample(range(len(train)), len(train))
@@ -433,6 +434,7 @@ def _train(cfg: RMTrainConfig, output_dir: Path) -> dict[str, Any]:
         scheduler.step()
         optimizer.zero_grad(set_to_none=True)
         running.append(loss.item())
+        progress.update(1, f"loss {running[-1]:.4f}")
         if (step + 1) % cfg.log_every == 0 and step + 1 < cfg.num_steps:
             model.eval()  # a quick look at a fixed slice of the held-out set
             peek = heldout_metrics(reader, heldout[:256], pad_id, cfg.kind, cfg.device)
@@ -440,6 +442,7 @@ def _train(cfg: RMTrainConfig, output_dir: Path) -> dict[str, Any]:
             _log(f"{name}: step {step + 1}/{cfg.num_steps} loss {sum(running) / len(running):.4f} "
                  f"held-out[:256] {_accuracies(peek)} ({time.time() - started:.0f} s)")
             running = []
+    progress.close()
     model.eval()
     metrics = heldout_metrics(reader, heldout, pad_id, cfg.kind, cfg.device)
     seconds = time.time() - started
@@ -487,11 +490,9 @@ def main() -> None:
         if cfg.output_dir:
             info = train_reward_model(cfg, out)
         else:  # the cache entry builtin:synthetic-<kind> resolves to: write it atomically
-            from models.registry import build_atomically
-
-            if (out / ".complete").exists():
+            if is_complete(out):
                 _log(f"already trained: {out} (delete it to retrain)")
-            build_atomically(out, lambda tmp: train_reward_model(cfg, tmp))
+            atomic_build_dir(out, lambda tmp: train_reward_model(cfg, tmp))
             info = json.loads((out / RM_INFO_FILE).read_text())
         print(json.dumps({"output_dir": str(out), **info["metrics"]}, indent=2))
 

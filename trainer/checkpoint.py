@@ -10,28 +10,12 @@ Layout of ``<run_dir>/checkpoints/``::
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-COMPLETE = "COMPLETE"
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same directory and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".tmp-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from eval.files import atomic_build_dir, atomic_write_text, is_complete
 
 
 def checkpoint_name(iteration: int) -> str:
@@ -42,19 +26,12 @@ def save_checkpoint(
     root: Path, iteration: int, state: dict[str, Any], write_parts: Callable[[Path], None], keep_last: int = 2
 ) -> Path:
     """Write a checkpoint atomically; ``write_parts(tmp_dir)`` writes the model/optimizer parts."""
-    root.mkdir(parents=True, exist_ok=True)
-    final = root / checkpoint_name(iteration)
-    tmp = Path(tempfile.mkdtemp(prefix=final.name + ".tmp-", dir=root))
-    try:
+
+    def build(tmp: Path) -> None:
         write_parts(tmp)
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2, sort_keys=True))
-        (tmp / COMPLETE).write_text("ok\n")
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+
+    final = atomic_build_dir(root / checkpoint_name(iteration), build, reuse=False)
     atomic_write_text(root / "latest", final.name + "\n")
     _prune(root, keep_last)
     return final
@@ -64,7 +41,7 @@ def _complete_checkpoints(root: Path) -> list[Path]:
     if not root.exists():
         return []
     done = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("iter_") and ".tmp-" not in p.name
-            and (p / COMPLETE).exists()]
+            and is_complete(p)]
     return sorted(done, key=lambda p: p.name)
 
 
@@ -80,7 +57,7 @@ def latest_checkpoint(root: Path) -> Path | None:
     pointer = root / "latest"
     if pointer.exists():
         candidate = root / pointer.read_text().strip()
-        if (candidate / COMPLETE).exists():
+        if is_complete(candidate):
             return candidate
     done = _complete_checkpoints(root)
     return done[-1] if done else None

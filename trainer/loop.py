@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from eval.data import Problem, load_problems
-from models.registry import build_atomically, cache_root, resolve_model_dir
-from trainer.checkpoint import atomic_write_text, latest_checkpoint, load_state, save_checkpoint
+from eval.files import atomic_build_dir, atomic_write_text, is_complete
+from models.registry import cache_root, resolve_model_dir
+from trainer.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from rewards.config import RewardKind
 from trainer.config import TrainConfig
 from trainer.metrics import MetricsWriter, Progress, plot_curves
@@ -107,7 +108,7 @@ def warm_start(cfg: TrainConfig, base_dir: Path, train: list[Problem]) -> Path:
                       "rollout": [cfg.rollout.system_prompt, cfg.rollout.prompt_suffix], "seed": cfg.run.seed},
                      sort_keys=True, default=str)
     target = cache_root() / "sft" / f"{base_dir.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
-    if (target / ".complete").exists():
+    if is_complete(target):
         _log(f"[sft] reusing warm-up {target}")
         return target
     _log(f"[sft] warm-up: {cfg.sft.num_steps} steps on {len(train)} problems -> {target}")
@@ -116,7 +117,7 @@ def warm_start(cfg: TrainConfig, base_dir: Path, train: list[Problem]) -> Path:
     num_threads = torch.get_num_threads()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     try:
-        return build_atomically(target, lambda d: run_sft(cfg, base_dir, train, d, log=_log))
+        return atomic_build_dir(target, lambda d: run_sft(cfg, base_dir, train, d, log=_log))
     finally:
         torch.set_num_threads(num_threads)
 
@@ -127,8 +128,11 @@ def resolve_reward_model_dir(cfg: TrainConfig) -> Path | None:
     if cfg.reward.kind == RewardKind.success:
         return None
     from rewards.build import RewardModelError, resolve_reward_model
+    from rewards.train_rm import ensure_builtin
 
     try:
+        if cfg.reward.model.path.startswith("builtin:"):
+            ensure_builtin(cfg.reward.model.path)  # the one training step; building the reward fn only loads
         return resolve_reward_model(cfg.reward.model.path)
     except RewardModelError as e:
         raise TrainingError(str(e)) from None

@@ -7,7 +7,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint import atomic_write_text
+from eval.files import atomic_save_figure, atomic_write_text
+from eval.progress import progress_line
 
 KEY_CURVES = (
     ("heldout/success", "held-out success"),
@@ -97,31 +98,17 @@ def plot_curves(run_dir: Path, out: Path | None = None) -> Path | None:
     for ax in list(axes.flat)[len(present):]:
         ax.axis("off")
     fig.tight_layout()
-    out = out or run_dir / "curves.png"
-    tmp = out.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    tmp.replace(out)
-    return out
+    return atomic_save_figure(fig, out or run_dir / "curves.png", dpi=90)
 
 
 class Progress:
-    """Periodic progress lines with rate and ETA."""
+    """PPO iterations in the shared progress format (``eval.progress``): the loop logs one line per
+    iteration, ``[iter] 3/10 (30%) [00:42<01:38, 14.00s/iter, <extra>]``."""
 
     def __init__(self, total: int, start: int = 0, label: str = "iter"):
         self.total, self.start, self.label = total, start, label
         self.t0 = time.monotonic()
 
     def line(self, done: int, extra: str = "") -> str:
-        elapsed = time.monotonic() - self.t0
-        num_done = done - self.start
-        rate = elapsed / num_done if num_done else float("nan")
-        eta = rate * (self.total - done) if num_done else float("nan")
-        return f"[{self.label} {done}/{self.total}] {rate:.1f} s/{self.label} | ETA {_fmt(eta)} | {extra}"
-
-
-def _fmt(seconds: float) -> str:
-    if not math.isfinite(seconds):
-        return "?"
-    m, s = divmod(int(seconds), 60)
-    return f"{m}m{s:02d}s"
+        return progress_line(done, self.total, time.monotonic() - self.t0, f"[{self.label}]", self.label,
+                             initial=self.start, postfix=extra)

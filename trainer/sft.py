@@ -9,12 +9,13 @@ mask and the loss is the mean NLL of response tokens; prompt and padding are nev
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import torch
 
 from eval.data import Problem
+from eval.progress import Progress
 from trainer.config import RolloutConfig, TrainConfig
 from trainer.rollout import pad_batch, prompt_ids, prompt_text
 
@@ -50,7 +51,8 @@ def sft_batches(
 
 
 def run_sft(
-    cfg: TrainConfig, base_dir: Path, train: Sequence[Problem], out_dir: Path, log: Callable[[str], None] = print
+    cfg: TrainConfig, base_dir: Path, train: Sequence[Problem], out_dir: Path,
+    log: Callable[[str], None] | None = None,
 ) -> None:
     """``cfg.sft.num_steps`` SFT steps from ``base_dir`` on ``train``; writes an HF directory to ``out_dir``.
 
@@ -64,11 +66,9 @@ def run_sft(
     worker = PolicyWorker(model_dir=str(base_dir), dtype=cfg.model.dtype, ppo=cfg.ppo, sft=cfg.sft, seed=cfg.run.seed)
     batches = sft_batches(train, tokenizer, cfg.rollout, cfg.sft.batch_size, cfg.run.seed)
     num_steps = cfg.sft.num_steps
-    log_every = max(1, num_steps // 10)
     recent: list[float] = []
-    for step in range(1, num_steps + 1):
-        recent.append(worker.sft_step(next(batches)))
-        if step % log_every == 0 or step == num_steps:
-            log(f"[sft] step {step}/{num_steps} loss {sum(recent) / len(recent):.4f}")
-            recent = []
+    with Progress(num_steps, "[sft]", unit="step", every=max(1, num_steps // 10), log=log) as progress:
+        for _ in range(num_steps):
+            recent = [*recent[-9:], worker.sft_step(next(batches))]
+            progress.update(1, f"loss {sum(recent) / len(recent):.4f}")
     worker.save_pretrained(out_dir)

@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from trainer.checkpoint import atomic_write_text
+from eval.files import atomic_save_figure, atomic_write_text
 from trainer.metrics import read_metrics
 
 REWARD_ORDER = ["success", "orm", "prm", "prm_clip", "prm_delta", "prm_clip_delta"]
@@ -155,11 +155,7 @@ def _plot(runs: list[Path], rows: list[dict[str, Any]], path: Path) -> Path:
             ax.grid(alpha=0.3)
     axes.flat[0].legend(fontsize=7)
     fig.tight_layout()
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    tmp.replace(path)
-    return path
+    return atomic_save_figure(fig, path, dpi=90)
 
 
 def main() -> None:

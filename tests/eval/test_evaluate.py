@@ -89,8 +89,8 @@ def test_chunks_report_progress_with_eta():
     lines: list[str] = []
     evaluate(Scripted(correct=set()), make_problems(5), RAW, chunk_size=2, log=lines.append)
     assert len(lines) == 3  # chunks of 2, 2, 1
-    assert lines[0].startswith("[eval] 2/5 problems (40%)") and "problems/s" in lines[0] and "ETA" in lines[0]
-    assert lines[-1].startswith("[eval] 5/5 problems (100%)")
+    assert lines[0].startswith("[eval] 2/5 (40%) [00:00<00:00,") and "problem" in lines[0] and "tokens/s]" in lines[0]
+    assert lines[-1].startswith("[eval] 5/5 (100%)")
 
 
 def test_resume_after_a_kill_regenerates_nothing_finished(tmp_path):

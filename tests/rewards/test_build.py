@@ -201,3 +201,11 @@ def test_missing_reward_model_fails_when_building(tok, tmp_path):
     cfg = RewardConfig(kind=RewardKind.orm, model=RewardModelConfig(path=str(tmp_path)))
     with pytest.raises(RewardModelError, match="no config.json"):
         build_reward_fn(cfg, tok)
+
+
+def test_building_never_trains_a_missing_builtin(tok, tmp_path, monkeypatch):
+    monkeypatch.setenv("REALM_CACHE_DIR", str(tmp_path))  # an empty cache
+    cfg = RewardConfig(kind=RewardKind.prm, model=RewardModelConfig(path="builtin:synthetic-prm"))
+    with pytest.raises(RewardModelError, match=r"not trained yet .*python -m rewards.train_rm kind=prm"):
+        build_reward_fn(cfg, tok)
+    assert not any(tmp_path.rglob("*"))  # nothing was built

@@ -230,7 +230,7 @@ def test_builtin_reward_models_train_on_first_use_and_beat_a_constant(path):
     from rewards.train_rm import ensure_builtin
 
     model_dir = ensure_builtin(path)
-    assert ensure_builtin(path) == model_dir and (model_dir / ".complete").exists()
+    assert ensure_builtin(path) == model_dir and (model_dir / "COMPLETE").exists()
     metrics = json.loads((model_dir / "realm_rm.json").read_text())["metrics"]
     assert metrics["final_auc"] > 0.55
     if path.endswith("prm"):

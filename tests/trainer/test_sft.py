@@ -59,7 +59,7 @@ def test_run_sft_writes_a_loadable_hf_dir(tiny_model_dir, tmp_path):
     cfg = TrainConfig(sft=SFTConfig(num_steps=2, batch_size=4, lr=1e-3), ppo=PPOConfig())
     lines = []
     run_sft(cfg, tiny_model_dir, generate_problems(8, seed=0, difficulty=2), tmp_path / "sft", log=lines.append)
-    assert lines[-1].startswith("[sft] step 2/2 loss")
+    assert lines[-1].startswith("[sft] 2/2 (100%) [") and ", loss " in lines[-1]
     tuned = AutoModelForCausalLM.from_pretrained(tmp_path / "sft")
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     assert not torch.equal(tuned.model.embed_tokens.weight, base.model.embed_tokens.weight)
