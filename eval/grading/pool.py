@@ -200,6 +200,20 @@ class Dispatcher:
                 time.sleep(0.05)
 
     def _step(self) -> None:
+        """One round: staff the pool, hand out queued items, wait for replies or a deadline, read
+        the replies, then replace workers that did not start or ran past an item's time limit."""
+        workers = self._staff()
+        self._send(workers)
+        readable = self._wait(workers)
+        self._read(workers, readable)
+        self._expire(workers)
+
+    def _staff(self) -> list[_Worker]:
+        """Start workers up to the demand (capped), retire idle surplus ones; returns the current ones.
+
+        After MAX_STARTUP_FAILURES failed starts with no worker ready, the queued items fail instead of
+        waiting forever for a worker that cannot start.
+        """
         with self._lock:
             cap = max([DEFAULT_MAX_WORKERS] + [b.num_workers for b in self._batches])
             demand = len(self._queue) + sum(len(w.inflight) for w in self._workers)
@@ -229,7 +243,10 @@ class Dispatcher:
             worker.kill()
         for task in failed:
             self._finish(task, (False, "error"))
+        return workers
 
+    def _send(self, workers: list[_Worker]) -> None:
+        """Fill each ready worker's pipeline (PIPELINE_DEPTH items) from the queue."""
         now = time.monotonic()
         for worker in workers:
             while worker.ready and len(worker.inflight) < PIPELINE_DEPTH:
@@ -245,6 +262,8 @@ class Dispatcher:
                     worker.head_since = now
                 worker.inflight.append(task)
 
+    def _wait(self, workers: list[_Worker]) -> list[int]:
+        """Block until a worker writes, the caller wakes us, or the nearest deadline; the readable fds."""
         deadlines = []
         for worker in workers:
             if not worker.ready:
@@ -265,7 +284,10 @@ class Dispatcher:
                     pass
             except OSError:
                 pass
+        return readable
 
+    def _read(self, workers: list[_Worker], readable: list[int]) -> None:
+        """Take the replies of the readable workers: ready signals and results, in order."""
         now = time.monotonic()
         for worker in workers:
             if worker.fd not in readable:
@@ -291,6 +313,8 @@ class Dispatcher:
                     self._finish(task, (bool(reply.get("correct")), str(reply.get("reason", "error"))))
                     worker.head_since = now
 
+    def _expire(self, workers: list[_Worker]) -> None:
+        """Replace a worker that did not start in time, or whose current item ran past its limit."""
         now = time.monotonic()
         for worker in workers:
             if worker.proc.returncode is not None or worker not in self._workers:
