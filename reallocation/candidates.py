@@ -11,8 +11,6 @@ time, resident and active memory at once.
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from reallocation.estimator import Hardware, Workload, evaluator
 from reallocation.execution_plan import CALL_KIND, OFFLOADABLE, TRAIN, CallAllocation
 
@@ -42,7 +40,25 @@ def _divisors(n: int) -> list[int]:
 
 def strategies(call: str, devices: tuple[int, ...], w: Workload, hw: Hardware, *, pp_one: bool = False,
                tp: int | None = None) -> list[CallAllocation]:
-    """Every ``(pp, dp, tp, knobs)`` of ``call`` on ``devices`` that fits alone, fastest first."""
+    """Every ``(pp, dp, tp, knobs)`` of ``call`` on ``devices`` that fits alone, fastest first.
+
+    Worked out once per mesh shape (size, inside one node or not) and moved onto ``devices``.
+    """
+    g = hw.gpus_per_node
+    key = (call, len(devices), devices[0] // g == devices[-1] // g, devices[0] % g == 0, pp_one, tp)
+    cache = _STRATEGIES.setdefault((w, hw), {})
+    if key not in cache:
+        cache[key] = _strategies(call, devices, w, hw, pp_one, tp)
+    return [a if a.devices == devices else CallAllocation(devices, a.pp, a.dp, a.tp, a.num_microbatches,
+                                                           a.activation_checkpointing, a.offload)
+            for a in cache[key]]
+
+
+_STRATEGIES: dict[tuple[Workload, Hardware], dict[tuple, list[CallAllocation]]] = {}
+
+
+def _strategies(call: str, devices: tuple[int, ...], w: Workload, hw: Hardware, pp_one: bool,
+                tp: int | None) -> list[CallAllocation]:
     spec, kind, ev = w.spec(call), CALL_KIND[call], evaluator(w, hw)
     out = []
     for t in _divisors(len(devices)) if tp is None else [tp]:
@@ -101,6 +117,7 @@ def candidates(call: str, w: Workload, hw: Hardware) -> list[CallAllocation]:
     for mesh in device_meshes(hw):
         if len(mesh) not in fronts:
             fronts[len(mesh)] = pareto(call, strategies(call, mesh, w, hw), w, hw)
-        out.extend(replace(a, devices=mesh) for a in fronts[len(mesh)])
+        out.extend(CallAllocation(mesh, a.pp, a.dp, a.tp, a.num_microbatches, a.activation_checkpointing, a.offload)
+                   for a in fronts[len(mesh)])
     out.sort(key=lambda a: (ev.seconds(call, a), len(a.devices), a.devices))
     return out

@@ -419,7 +419,7 @@ class Evaluator:
     def __init__(self, w: Workload, hw: Hardware) -> None:
         self.w, self.hw = w, hw
         self._facts: dict[tuple, tuple[float, float, float, float]] = {}
-        self._by_alloc: dict[tuple[str, CallAllocation], tuple[float, float, float, float]] = {}
+        self._by_alloc: dict[tuple[str, int], tuple[CallAllocation, tuple[float, float, float, float]]] = {}
         self._moves: dict[tuple, tuple[float, float]] = {}
         self._index: dict[tuple[int, ...], np.ndarray] = {}
 
@@ -432,10 +432,12 @@ class Evaluator:
 
     def facts(self, call: str, a: CallAllocation) -> tuple[float, float, float, float]:
         """``(seconds, resident, active, own-copy bytes)`` of ``call`` under ``a``."""
-        out = self._by_alloc.get((call, a))
-        if out is None:
-            out = self._by_alloc[call, a] = self._facts_of_shape(call, a)
-        return out
+        # Keyed by object identity (the cache keeps the object alive, so ids are not reused):
+        # hashing 128-device tuples dominated the search's time.
+        hit = self._by_alloc.get((call, id(a)))
+        if hit is None:
+            hit = self._by_alloc[call, id(a)] = (a, self._facts_of_shape(call, a))
+        return hit[1]
 
     def _facts_of_shape(self, call: str, a: CallAllocation) -> tuple[float, float, float, float]:
         key = self._shape_key(call, a)
@@ -480,7 +482,16 @@ class Evaluator:
         allocs = dict(calls)
         seconds = {c: self.facts(c, a)[0] for c, a in calls}
         moves = {c: self.moves(c, allocs[c], allocs[t]) if with_moves else (0.0, 0.0) for c, t in TRAINED_BY.items()}
-        return _schedule(allocs, seconds, moves, {c: self.index(a) for c, a in calls}, self.hw.num_gpus)
+        return _schedule(allocs, seconds, moves, self._atoms(calls))
+
+    def _atoms(self, calls: tuple[tuple[str, CallAllocation], ...]) -> dict[str, list[int]]:
+        """Per call, the GPU groups it uses, where a group holds GPUs that every call either uses
+        all of or none of: the schedule tracks a few groups instead of every GPU."""
+        code = np.zeros(self.hw.num_gpus, dtype=np.int64)
+        for bit, (_, a) in enumerate(calls):
+            code[self.index(a)] |= 1 << bit
+        groups = np.unique(code[code > 0]).tolist()
+        return {c: [i for i, g in enumerate(groups) if g >> bit & 1] for bit, (c, _) in enumerate(calls)}
 
     def peak(self, calls: tuple[tuple[str, CallAllocation], ...]) -> np.ndarray:
         """Per GPU: resident bytes of every call there plus the largest active bytes (NaN: unused)."""
@@ -508,18 +519,20 @@ class Evaluator:
 
 
 def _schedule(allocs: Mapping[str, CallAllocation], seconds: Mapping[str, float],
-              moves: Mapping[str, tuple[float, float]], idx: Mapping[str, np.ndarray], num_gpus: int) -> float:
-    """List scheduling of ``NUM_SIMULATED_ITERATIONS`` iterations; returns the steady-state period."""
-    free = np.zeros(num_gpus)
+              moves: Mapping[str, tuple[float, float]], atoms: Mapping[str, list[int]]) -> float:
+    """List scheduling of ``NUM_SIMULATED_ITERATIONS`` iterations over GPU groups (``atoms``);
+    returns the steady-state period."""
+    free = [0.0] * (1 + max(max(a) for a in atoms.values()))
     done = {"actor_train": 0.0, "critic_train": 0.0}
     iteration_end = []
 
-    def run(devices: np.ndarray, ready: float, duration: float) -> float:
-        start = max(ready, free[devices].max())
-        free[devices] = start + duration
-        return start + duration
+    def run(groups: list[int], ready: float, duration: float) -> float:
+        end = max(ready, max(free[g] for g in groups)) + duration
+        for g in groups:
+            free[g] = end
+        return end
 
-    both = {c: np.union1d(idx[c], idx[t]) for c, t in TRAINED_BY.items() if any(moves[c])}
+    both = {c: sorted(set(atoms[c]) | set(atoms[t])) for c, t in TRAINED_BY.items()}
     for _ in range(NUM_SIMULATED_ITERATIONS):
         end: dict[str, float] = {}
         for call in ("actor_gen", "rew_inf", "ref_inf", "critic_inf"):
@@ -531,13 +544,13 @@ def _schedule(allocs: Mapping[str, CallAllocation], seconds: Mapping[str, float]
                 ready = max(ready, done[TRAINED_BY[call]])
                 if there:
                     ready = run(both[call], ready, there)
-                end[call] = run(idx[call], ready, seconds[call])
+                end[call] = run(atoms[call], ready, seconds[call])
                 if back:
                     end[call] = run(both[call], end[call], back)
             else:
-                end[call] = run(idx[call], ready, seconds[call])
+                end[call] = run(atoms[call], ready, seconds[call])
         inputs = max(end.values())
         for call in ("actor_train", "critic_train"):
-            end[call] = done[call] = run(idx[call], inputs, seconds[call])
+            end[call] = done[call] = run(atoms[call], inputs, seconds[call])
         iteration_end.append(max(end.values()))
     return (iteration_end[-1] - iteration_end[0]) / (NUM_SIMULATED_ITERATIONS - 1)
