@@ -161,7 +161,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reasons", action="store_true", help="also write the reason field")
     args = parser.parse_args(argv)
 
-    source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
+    try:
+        source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
+    except OSError as e:
+        print(f"--input {args.input}: cannot read: {e.strerror}", file=sys.stderr)
+        return 2
     rows = []
     with source:
         for num_line, line in enumerate(source, start=1):
@@ -188,7 +192,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
         timeout_s=args.timeout,
         num_workers=args.num_workers,
     )
-    sink = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    try:
+        sink = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
+    except OSError as e:
+        print(f"--output {args.output}: cannot write: {e.strerror}", file=sys.stderr)
+        return 2
     with sink:
         for (row, _), result in zip(rows, results):
             out = dict(row)

@@ -11,8 +11,13 @@ from typing import Sequence
 import torch
 
 
-def eta_for_zero_fraction(step_scores: Sequence[Sequence[float]] | torch.Tensor, zero_fraction: float) -> float:
+def eta_for_zero_fraction(step_scores: Sequence[Sequence[float]] | torch.Tensor, zero_fraction: float,
+                          step_mask: torch.Tensor | None = None) -> float:
     """eta such that ``zero_fraction`` of the given steps score ``c_k >= eta`` (Clip gives them 0).
+
+    ``step_scores`` is one list of scores per response, or a padded ``[B, S]`` tensor with its
+    ``step_mask`` ([B, S] bool, true on real steps): padding is not a step and must not be counted
+    (zeros there would pull eta down). A tensor without a mask must be 1-D (every entry a step).
 
     With n scores and m = round(zero_fraction * n): eta is the m-th largest score (ties can only
     raise the zero fraction); m = 0 gives eta = 1 (the largest allowed value).
@@ -22,7 +27,14 @@ def eta_for_zero_fraction(step_scores: Sequence[Sequence[float]] | torch.Tensor,
     if not 0.0 <= zero_fraction <= 1.0:
         raise ValueError(f"zero_fraction={zero_fraction}: must lie in [0, 1]")
     if isinstance(step_scores, torch.Tensor):
-        flat = step_scores.flatten().tolist()
+        if step_mask is not None:
+            if step_mask.shape != step_scores.shape:
+                raise ValueError(f"step_mask {tuple(step_mask.shape)} does not match step_scores {tuple(step_scores.shape)}")
+            flat = step_scores[step_mask.bool()].tolist()
+        elif step_scores.dim() == 1:
+            flat = step_scores.tolist()
+        else:
+            raise ValueError(f"padded step scores {tuple(step_scores.shape)} need a step_mask (padding is not a step)")
     else:
         flat = [float(c) for scores in step_scores for c in scores]
     if not flat:

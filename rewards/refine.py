@@ -15,7 +15,9 @@ with ``c'_{K+1} = 0``. The batched versions use that form, which needs no specia
 
 The 1-D functions take one response's ``[K]`` scores (K >= 1). The ``*_batched`` functions take a
 padded ``[B, S]`` tensor with a boolean ``[B, S]`` step mask whose true entries are a prefix of each
-row (response b has K_b = mask[b].sum() steps); entries past K_b come back as exactly 0.
+row (response b has K_b = mask[b].sum() steps); entries past K_b come back as exactly 0, whatever
+the padding holds: padding is selected away (``torch.where``), never multiplied by 0, because
+NaN * 0 and inf * 0 are NaN.
 """
 from __future__ import annotations
 
@@ -55,24 +57,29 @@ def refine(step_scores: torch.Tensor, refinement: Refinement, eta: float) -> tor
     raise ValueError(f"unknown refinement {refinement!r}: expected one of {[r.value for r in Refinement]}")
 
 
+def _zero_where_not(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x where mask, else exactly 0 (also where x is NaN or inf)."""
+    return torch.where(mask.bool(), x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
 def clip_batched(step_scores: torch.Tensor, step_mask: torch.Tensor, eta: float) -> torch.Tensor:
     """clip() on every row.  scores [B, S], mask [B, S] bool -> [B, S], 0 past each row's K."""
-    return clip(step_scores, eta) * step_mask
+    return _zero_where_not(clip(_zero_where_not(step_scores, step_mask), eta), step_mask)
 
 
 def delta_batched(step_scores: torch.Tensor, step_mask: torch.Tensor) -> torch.Tensor:
     """delta() on every row.  scores [B, S], mask [B, S] bool (a prefix per row) -> [B, S]."""
     num_steps = step_mask.sum(dim=1, keepdim=True)  # [B, 1]
     index = torch.arange(step_scores.shape[1], device=step_scores.device)  # [S]
-    keep = step_mask & (index < num_steps - 1)  # steps 1..K-1: c'_K = 0 and padding = 0
-    dropped_last = step_scores * keep
+    keep = step_mask.bool() & (index < num_steps - 1)  # steps 1..K-1: c'_K = 0 and padding = 0
+    dropped_last = _zero_where_not(step_scores, keep)
     next_scores = torch.nn.functional.pad(dropped_last[:, 1:], (0, 1))  # c'_{k+1}
-    return (dropped_last - next_scores) * step_mask
+    return _zero_where_not(dropped_last - next_scores, step_mask)
 
 
 def clip_delta_batched(step_scores: torch.Tensor, step_mask: torch.Tensor, eta: float) -> torch.Tensor:
     """clip_delta() on every row.  scores [B, S], mask [B, S] bool -> [B, S]."""
-    return delta_batched(clip(step_scores, eta), step_mask)
+    return delta_batched(clip_batched(step_scores, step_mask, eta), step_mask)
 
 
 def refine_batched(
@@ -80,7 +87,7 @@ def refine_batched(
 ) -> torch.Tensor:
     """Per-step rewards for a padded batch.  scores [B, S], mask [B, S] bool -> [B, S], 0 where masked."""
     if refinement == Refinement.none:
-        return step_scores * step_mask
+        return _zero_where_not(step_scores.clone(), step_mask)
     if refinement == Refinement.clip:
         return clip_batched(step_scores, step_mask, eta)
     if refinement == Refinement.delta:

@@ -65,11 +65,9 @@ def rm_input(fmt: RMFormat, question: str, steps: Sequence[Step]) -> tuple[str, 
     return text, reads
 
 
-def encode_with_reads(tokenizer, text: str, read_chars: Sequence[int], max_length: int = 0) -> tuple[list[int], list[int]]:
-    """Token ids of ``text`` and, per read offset c, the index of the token that completes character c-1.
-
-    Inputs longer than ``max_length`` keep their last ``max_length`` tokens (the end of the response
-    is what is scored); a read that falls in the dropped part reads the first kept token.
+def encode_with_reads(tokenizer, text: str, read_chars: Sequence[int], keep_chars: int = 0) -> tuple[list[int], list[int], int]:
+    """Token ids of ``text``; per read offset c, the index of the token that completes character c-1; and
+    the number of leading tokens that hold the first ``keep_chars`` characters (the question).
     """
     enc = tokenizer(text, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
@@ -81,11 +79,52 @@ def encode_with_reads(tokenizer, text: str, read_chars: Sequence[int], max_lengt
     for c in read_chars:
         j = bisect.bisect_left(starts, c) - 1
         reads.append(spans[j][0] if j >= 0 else 0)
-    if max_length and len(ids) > max_length:
-        cut = len(ids) - max_length
-        ids = ids[cut:]
-        reads = [max(r - cut, 0) for r in reads]
-    return ids, reads
+    num_kept = next((i for i, start in spans if start >= keep_chars), len(ids)) if keep_chars else 0
+    return ids, reads, num_kept
+
+
+def plan_windows(num_tokens: int, reads: Sequence[int], num_kept: int, max_length: int) -> list[tuple[int, int, list[int]]]:
+    """How to score a token sequence longer than the model's ``max_length``: a list of windows
+    ``(start, end, reads)``, each read as ``tokens[:num_kept] + tokens[start:end]``.
+
+    The first ``num_kept`` tokens (the question) are in every window, so every score is conditioned
+    on the question, and step 1's score (c_1, the one Delta keeps) sees exactly what it would see
+    untruncated whenever the question and step 1 fit. The first window continues the sequence
+    from ``num_kept``; a read past it opens a window that puts it ``body // 2`` tokens in (half the
+    window is context, half covers the reads after it), or as far in as the sequence's end allows.
+    Each read is in exactly one window, in order; windows end at their last read. At most half of
+    ``max_length`` goes to the question (a longer question is cut, keeping its start).
+
+    Worked example: 20 tokens, question = tokens 0..3 (num_kept 4), reads at 6, 12, 19, max_length 10
+    (body 6): window 1 = tokens 4..9 holds read 6; read 12 opens tokens 10..15 (12 is 3 in: 10 = 12 + 1 - 3),
+    which ends at 13; read 19 opens 14..19.  -> [(4, 7, [6]), (10, 13, [12]), (14, 20, [19])]
+    """
+    if not max_length or num_tokens <= max_length:
+        return [(num_kept, num_tokens, list(reads))]
+    num_kept = min(num_kept, max_length // 2)
+    body = max_length - num_kept
+    windows: list[tuple[int, int, list[int]]] = []
+    i, start = 0, num_kept
+    while i < len(reads):
+        if reads[i] >= start + body:  # past the current window: open one around it
+            start = max(num_kept, min(reads[i] + 1 - body // 2, num_tokens - body))
+        covered = []
+        while i < len(reads) and reads[i] < start + body:
+            covered.append(reads[i])
+            i += 1
+        windows.append((start, max(covered) + 1, covered))
+    return windows
+
+
+def window_ids(ids: Sequence[int], reads: Sequence[int], num_kept: int, max_length: int) -> list[tuple[list[int], list[int]]]:
+    """``plan_windows`` applied: per window, its token ids and its reads as indices into them."""
+    if not max_length or len(ids) <= max_length:
+        return [(list(ids), list(reads))]
+    num_kept = min(num_kept, max_length // 2)
+    out = []
+    for start, end, covered in plan_windows(len(ids), reads, num_kept, max_length):
+        out.append((list(ids[:num_kept]) + list(ids[start:end]), [r if r < num_kept else num_kept + r - start for r in covered]))
+    return out
 
 
 def read_rm_info(model_dir: Path) -> dict[str, Any]:
@@ -170,18 +209,32 @@ class RewardModel:
         self.batch_size, self.max_length, self.device = batch_size, max_length, device
         self.pad_id = model.config.pad_token_id
 
+    def _windows(self, question: str, text: str, read_chars: Sequence[int] | None) -> list[tuple[list[int], list[int]]]:
+        """The RM input as windows that fit ``max_length``, each starting with the question (see
+        ``plan_windows``); ``read_chars=None`` reads the last token (ORM)."""
+        keep_chars = len(self.fmt.question_template.replace("{question}", question))
+        ids, reads, num_kept = encode_with_reads(self.tokenizer, text, read_chars or [], keep_chars)
+        if read_chars is None:
+            reads = [len(ids) - 1]
+        return window_ids(ids, reads, num_kept, self.max_length)
+
     def score_steps(self, questions: Sequence[str], steps: Sequence[Sequence[Step]]) -> list[list[float]]:
         """PRM: c_k for every step of every response.  B questions, B step lists -> B lists of K_b scores."""
-        encoded = [encode_with_reads(self.tokenizer, *rm_input(self.fmt, q, s), self.max_length) for q, s in zip(questions, steps)]
-        return self._score(encoded)
+        windows = [self._windows(q, *rm_input(self.fmt, q, s)) for q, s in zip(questions, steps)]
+        scores = self._score([w for ws in windows for w in ws])
+        out, position = [], 0
+        for ws in windows:
+            out.append([c for window_scores in scores[position : position + len(ws)] for c in window_scores])
+            position += len(ws)
+        return out
 
     def score_outcomes(self, questions: Sequence[str], responses: Sequence[str]) -> list[float]:
-        """ORM: one score per response, read at the last token.  B -> B."""
+        """ORM: one score per response, read at the last token (question + the response's end if too long).  B -> B."""
         encoded = []
         for question, response in zip(questions, responses):
             text, _ = rm_input(RMFormat(self.fmt.question_template), question, [Step(response, "")])
-            ids, _ = encode_with_reads(self.tokenizer, text, [], self.max_length)
-            encoded.append((ids, [len(ids) - 1]))
+            (window,) = self._windows(question, text, None)
+            encoded.append(window)
         return [scores[0] for scores in self._score(encoded)]
 
     @torch.inference_mode()

@@ -55,7 +55,7 @@ from models.config import ModelConfig
 from models.schedule import LRSchedule, build_lr_scheduler
 from rewards.config import Readout, RewardKind
 from rewards.reward_model import (DEFAULT_QUESTION_TEMPLATE, DEFAULT_STEP_TAG, RM_INFO_FILE, RMFormat, auto_model_class,
-                            encode_with_reads, make_reader, rm_input)
+                            encode_with_reads, make_reader, rm_input, window_ids)
 from rewards.rm_data import RMExample, load_examples, synthetic_examples
 from rewards.segment import Step
 
@@ -240,32 +240,40 @@ class Encoded:
     final_label: int
     lm_start: int | None = None
     """First response token of a correct solution (the auxiliary LM loss trains on tokens from here); else None."""
+    is_last_window: bool = True
+    """False for all but the last window of an input split to fit max_length: its last read is not the final one."""
 
 
 def encode(cfg: RMTrainConfig, tokenizer, examples: Sequence[RMExample]) -> list[Encoded]:
-    """RM inputs exactly as ``rewards.reward_model.RewardModel`` builds them when scoring."""
+    """RM inputs exactly as ``rewards.reward_model.RewardModel`` builds them when scoring: an input longer
+    than ``max_length`` becomes several windows that each start with the question (``plan_windows``)."""
     out = []
     for ex in examples:
         steps = [Step(s, cfg.step_delimiter) for s in ex.steps[:-1]] + [Step(ex.steps[-1], "")]
+        prefix = cfg.question_template.replace("{question}", ex.question)
         if cfg.kind == RMKind.prm:
             if ex.step_labels is None:
                 raise ValueError(f"PRM training needs step labels; a {ex.source!r} example has none")
             text, read_chars = rm_input(cfg.fmt, ex.question, steps)
-            ids, reads = encode_with_reads(tokenizer, text, read_chars, cfg.max_length)
             labels = [float(x) for x in ex.step_labels]
         else:
             if ex.final_label is None:
                 raise ValueError(f"ORM training needs final labels; a {ex.source!r} example has none")
             text, _ = rm_input(RMFormat(cfg.question_template), ex.question, [Step("".join(s.text for s in steps), "")])
-            ids, _ = encode_with_reads(tokenizer, text, [], cfg.max_length)
-            reads, labels = [len(ids) - 1], [float(ex.final_label)]
-        lm_start = None
-        if is_correct_solution(ex):
-            prefix = cfg.question_template.replace("{question}", ex.question)
-            _, (last_prefix_token,) = encode_with_reads(tokenizer, text, [len(prefix)], cfg.max_length)
-            lm_start = last_prefix_token + 1 if last_prefix_token + 1 < len(ids) else None
-        out.append(Encoded(ids, reads, labels, ex.source, int(ex.final_label if ex.final_label is not None else ex.step_labels[-1]),
-                           lm_start))
+            read_chars, labels = [len(text)], [float(ex.final_label)]
+        ids, reads, num_kept = encode_with_reads(tokenizer, text, read_chars, len(prefix))
+        if cfg.kind == RMKind.orm:
+            reads = [len(ids) - 1]
+        final_label = int(ex.final_label if ex.final_label is not None else ex.step_labels[-1])
+        windows = window_ids(ids, reads, num_kept, cfg.max_length)
+        position = 0
+        for w, (window, window_reads) in enumerate(windows):
+            lm_start = None
+            if w == 0 and is_correct_solution(ex):  # the LM loss imitates the first window's response tokens
+                lm_start = num_kept if num_kept < len(window) else None
+            out.append(Encoded(window, window_reads, labels[position : position + len(window_reads)], ex.source,
+                               final_label, lm_start, is_last_window=w == len(windows) - 1))
+            position += len(window_reads)
     return out
 
 
@@ -330,7 +338,7 @@ def heldout_metrics(reader, data: Sequence[Encoded], pad_id: int, kind: RMKind, 
     step_scores: list[float] = []
     step_labels: list[int] = []
     final_scores: list[float] = []
-    final_labels = [e.final_label for e in data]
+    final_labels = [e.final_label for e in data if e.is_last_window]
     for first in range(0, len(data), batch_size):
         batch = data[first : first + batch_size]
         ids, mask, rows, cols, _ = collate(batch, pad_id)
@@ -339,7 +347,8 @@ def heldout_metrics(reader, data: Sequence[Encoded], pad_id: int, kind: RMKind, 
         for e in batch:
             mine = scores[position : position + len(e.reads)]
             position += len(e.reads)
-            final_scores.append(mine[-1])
+            if e.is_last_window:
+                final_scores.append(mine[-1])
             step_scores += mine
             step_labels += [int(y >= 0.5) for y in e.labels]
 
@@ -350,7 +359,7 @@ def heldout_metrics(reader, data: Sequence[Encoded], pad_id: int, kind: RMKind, 
         return max(sum(labels), len(labels) - sum(labels)) / len(labels)
 
     by_source: dict[str, list[int]] = {}
-    for e, s in zip(data, final_scores):
+    for e, s in zip([e for e in data if e.is_last_window], final_scores):
         by_source.setdefault(e.source, []).append(int((s >= 0.5) == bool(e.final_label)))
     metrics: dict[str, Any] = {
         "final_accuracy": accuracy(final_scores, final_labels),

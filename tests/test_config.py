@@ -62,6 +62,16 @@ def test_every_reward_composes_with_every_model(reward, model):
         (["model.dtype=int3"], "model.dtype"),
         (["+reward=prm", "reward.model.path="], "reward.model.path"),
         (["rollout.num_prompts=many"], "num_prompts"),
+        # `+` lifts struct mode, so these used to be added and then silently dropped
+        (["+reward=prm_delta", "+reward.no_such_field=1"], "reward.no_such_field"),
+        (["+ppo.lamm=0.9"], "ppo.lamm"),
+        (["+no_such_group=1"], "no_such_group"),
+        (["run.num_iterations=-3"], "run.num_iterations"),
+        (["run.num_iterations=0"], "run.num_iterations"),
+        (["rollout.temperature=0"], "rollout.temperature"),
+        (["rollout.top_p=0.9"], "rollout.top_p"),
+        (["rollout.max_new_tokens=0"], "rollout.max_new_tokens"),
+        (["ppo.value_clip=rawr"], "value_clip"),
     ],
 )
 def test_bad_config_fails_with_the_key_named(overrides, fragment):
@@ -124,3 +134,21 @@ def test_qwen_math_model_configs_carry_their_shapes():
     assert (large.num_hidden_layers, large.hidden_size, large.num_attention_heads, large.num_key_value_heads) == (28, 3584, 28, 4)
     assert small.tie_word_embeddings and not large.tie_word_embeddings
     assert not _compose([]).model.shape.given  # tiny: derived from model.tiny
+
+
+def test_train_py_rejects_an_added_unknown_key_before_training(monkeypatch, capsys):
+    """The whole entry point, not just the composer: it must stop at start, naming the key."""
+    import runpy
+    import sys
+
+    import trainer.loop
+
+    def must_not_train(cfg, run_dir):
+        raise AssertionError("training started with an unknown key")
+
+    monkeypatch.setattr(trainer.loop, "train", must_not_train)
+    monkeypatch.setattr(sys, "argv", ["train.py", "+reward=prm_delta", "+reward.no_such_field=1",
+                                      "hydra.run.dir=/tmp/realm-unknown-key-test", "hydra.output_subdir=null"])
+    with pytest.raises(SystemExit) as info:
+        runpy.run_path(str(CONFIGS.parent / "train.py"), run_name="__main__")
+    assert "reward.no_such_field" in str(info.value)

@@ -50,6 +50,19 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
     return whitened * mask
 
 
+def explained_variance(values_BT: Tensor, returns_BT: Tensor, mask_BT: Tensor) -> float:
+    """1 - Var(R - V) / Var(R) over real tokens: how much of the return variance the critic predicts.
+
+    1 is a perfect critic, 0 one no better than the mean return, < 0 worse than that. Computed on the
+    rollout-time values (before the critic's update), as in cleanrl. Returns with no variance give 0.
+    Worked example: R = 1, 2, 3, 4 and V = 1, 2, 3, 3 -> Var(R - V) = 0.25, Var(R) = 1.667 -> 0.85.
+    """
+    var_returns = masked_var(returns_BT.double(), mask_BT.double()).item()
+    if var_returns <= 0.0:
+        return 0.0
+    return 1.0 - masked_var((returns_BT - values_BT).double(), mask_BT.double()).item() / var_returns
+
+
 def kl_shaped_rewards(
     scores_BT: Tensor, logprobs_BT: Tensor, ref_logprobs_BT: Tensor, mask_BT: Tensor, kl_coef: float
 ) -> tuple[Tensor, Tensor]:

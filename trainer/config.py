@@ -26,13 +26,24 @@ class KLController(Enum):
     """Ziegler et al. 2019: beta moves so that the observed KL tracks kl_target."""
 
 
+class ValueClip(Enum):
+    none = "none"
+    """Plain regression on the returns."""
+    raw = "raw"
+    """PPO's clipped value loss with a range of value_clip_eps in reward units."""
+    return_std = "return_std"
+    """Clipped, with a range of value_clip_eps times the iteration's return standard deviation."""
+
+
 @dataclass
 class PPOConfig:
     num_epochs: int = 2
     """Passes over each iteration's rollouts."""
     num_minibatches: int = 4
     clip_eps: float = 0.2
+    value_clip: ValueClip = ValueClip.raw
     value_clip_eps: float = 0.2
+    """The value-clip range (see value_clip; trainer.losses.value_clip_range)."""
     gamma: float = 1.0
     lam: float = 1.0
     kl_coef: float = 0.01
@@ -54,7 +65,7 @@ class PPOConfig:
             raise ValueError(f"ppo.gamma={self.gamma}, ppo.lam={self.lam}: both must lie in [0, 1]")
         if self.num_epochs < 1 or self.num_minibatches < 1:
             raise ValueError("ppo.num_epochs and ppo.num_minibatches must be >= 1")
-        if self.clip_eps <= 0 or self.value_clip_eps <= 0:
+        if not self.clip_eps > 0 or not self.value_clip_eps > 0:
             raise ValueError("ppo.clip_eps and ppo.value_clip_eps must be > 0")
 
 
@@ -70,6 +81,21 @@ class RolloutConfig:
     system_prompt: str = ""
     prompt_suffix: str = ""
     """Appended to each question, e.g. 'Please reason step by step, and put your final answer within \\boxed{}.'"""
+
+    def __post_init__(self) -> None:
+        for name in ("num_prompts", "num_samples_per_prompt", "max_prompt_tokens", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"rollout.{name}={getattr(self, name)}: must be >= 1")
+        if not self.temperature > 0:
+            raise ValueError(f"rollout.temperature={self.temperature}: PPO samples its rollouts and divides the logits "
+                             "by the temperature, so it must be > 0 (greedy rollouts have no logprobs to train on)")
+        if self.top_p != 1.0:
+            # The ratio, the KL penalty and the entropy use the full softmax at this temperature; with
+            # nucleus sampling the rollout policy is a different (truncated) distribution, and PPO's
+            # importance ratio would be off for every token.
+            raise ValueError(f"rollout.top_p={self.top_p}: PPO rollouts must sample the full softmax (top_p=1.0), "
+                             "because the logprobs, ratio and KL are computed from it; lower rollout.temperature "
+                             "to sharpen sampling instead")
 
 
 @dataclass
@@ -105,6 +131,13 @@ class RunConfig:
     dry_run: bool = False
     """Print the execution plan (per call: devices, layout, predicted seconds and memory) and exit
     without starting Ray or loading weights."""
+
+    def __post_init__(self) -> None:
+        if self.num_iterations < 1:
+            raise ValueError(f"run.num_iterations={self.num_iterations}: must be >= 1")
+        for name in ("eval_every", "num_heldout_samples", "checkpoint_every", "num_logged_samples"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"run.{name}={getattr(self, name)}: must be >= 0")
 
 
 @dataclass

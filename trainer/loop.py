@@ -314,6 +314,7 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
                 "kl/coef": kl_ctl.value,
                 "advantages/mean": adv.masked_mean(advantages, mask).item(),
                 "returns/mean": adv.masked_mean(returns, mask).item(),
+                "critic/explained_variance": adv.explained_variance(values, returns, mask),
                 **{f"actor/{k}": v for k, v in policy_stats.items()},
                 **{f"critic/{k}": v for k, v in critic_stats.items()},
                 **{f"time/{k}": v for k, v in times.items()},

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from trainer import batch as B
 from trainer.advantages import masked_sum
 from trainer.config import PPOConfig, SFTConfig
-from trainer.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_loss
+from trainer.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_clip_range, value_loss
 from models.schedule import build_lr_scheduler
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -311,7 +311,7 @@ class PolicyWorker:
         )
         # Entropy costs a softmax over the vocabulary: keep it out of the graph unless it is in the loss.
         with torch.set_grad_enabled(self.ppo.entropy_coef != 0.0):
-            entropy = masked_sum(entropy_from_logits(logits_BTV), mask_BT) / num_tokens.clamp(min=1)
+            entropy = masked_sum(entropy_from_logits(logits_BTV, self.temperature), mask_BT) / num_tokens.clamp(min=1)
         if self.ppo.entropy_coef != 0.0:
             loss = loss - self.ppo.entropy_coef * entropy
         return loss, {"clip_frac": stats.clip_frac, "approx_kl": stats.approx_kl, "ratio": stats.ratio,
@@ -414,19 +414,22 @@ class CriticWorker:
             values_BT = response_values(self.model, batch)
         return (values_BT * batch["response_mask"]).cpu()
 
-    def _value_loss(self, minibatch: Mapping[str, Tensor], num_tokens: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def _value_loss(self, minibatch: Mapping[str, Tensor], num_tokens: Tensor, clip_range: float | None
+                    ) -> tuple[Tensor, dict[str, Tensor]]:
         values_BT = response_values(self.model, minibatch)
         loss, stats = value_loss(
-            values_BT, minibatch["values"], minibatch["returns"], minibatch["response_mask"],
-            self.ppo.value_clip_eps, num_tokens,
+            values_BT, minibatch["values"], minibatch["returns"], minibatch["response_mask"], clip_range, num_tokens,
         )
         return loss, {"clip_frac": stats.clip_frac, "values": stats.values}
 
     def update(self, batch: Mapping[str, Tensor]) -> dict[str, float]:
-        """One iteration of clipped value regression on this rank's slice (keys: input_ids,
+        """One iteration of (clipped) value regression on this rank's slice (keys: input_ids,
         attention_mask, [position_ids], response_mask, values, returns). Returns global means:
-        loss, clip_frac, values, grad_norm (pre-clip), lr."""
-        return self.trainer.run(batch, self._value_loss)
+        loss, clip_frac, values, grad_norm (pre-clip), lr, and clip_range (-1: no clipping)."""
+        clip_range = value_clip_range(batch["returns"], batch["response_mask"], self.ppo.value_clip_eps,
+                                      self.ppo.value_clip.value, self.ranks.all_reduce_sum)
+        stats = self.trainer.run(batch, lambda minibatch, num_tokens: self._value_loss(minibatch, num_tokens, clip_range))
+        return {**stats, "clip_range": -1.0 if clip_range is None else clip_range}
 
     def save_checkpoint(self, directory: str | Path) -> None:
         self.trainer.save(directory)

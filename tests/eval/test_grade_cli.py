@@ -54,3 +54,10 @@ def test_cli_rejects_bad_lines(tmp_path):
     src.write_text(json.dumps({"response": "x", "gold": "1", "dataset": "aime"}) + "\n")
     proc = _run(["--input", str(src), "--output", str(tmp_path / "out.jsonl")])
     assert proc.returncode == 2 and "aime" in proc.stderr
+
+
+def test_missing_input_is_one_line_not_a_traceback(tmp_path):
+    proc = _run(["--input", str(tmp_path / "missing.jsonl"), "--output", str(tmp_path / "out.jsonl")])
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().count("\n") == 0 and "missing.jsonl" in proc.stderr

@@ -114,3 +114,30 @@ def test_return_to_go_when_a_junk_step_is_inserted_before_the_answer():
     assert return_to_go_from_step(clip_delta(junk_first, 0.8), 2) == pytest.approx(-0.2)
     # ... while the whole return is c1 (Delta) or c~1 (Clip-Delta) either way.
     assert delta(answer_now).sum().item() == pytest.approx(delta(junk_first).sum().item())
+
+
+@pytest.mark.parametrize("refinement", list(Refinement))
+@pytest.mark.parametrize("junk", [float("nan"), float("inf"), float("-inf")])
+def test_nan_or_inf_in_padding_does_not_leak(refinement, junk):
+    # Row 0 has 3 steps and row 1 has 1; the padding holds NaN/inf (0 * NaN is NaN: it must be selected away).
+    scores = torch.tensor([[0.9, 0.3, 0.7, junk], [0.6, junk, junk, junk]])
+    mask = torch.tensor([[True, True, True, False], [True, False, False, False]])
+    out = refine_batched(scores, mask, refinement, eta=0.5)
+    assert torch.isfinite(out).all()
+    assert (out[~mask] == 0).all()
+    for b in range(2):
+        k = int(mask[b].sum())
+        assert torch.allclose(out[b, :k], refine(scores[b, :k], refinement, 0.5))
+
+
+def test_eta_from_a_padded_tensor_counts_only_real_steps():
+    # Real steps 0.1..0.5 (5 of them) in a [2, 4] tensor with three padding zeros. Zero fraction 0.6:
+    # m = round(0.6 * 5) = 3 -> eta = the 3rd largest real score = 0.3. Counting the padding zeros
+    # (8 "steps", m = 5) would give 0.1.
+    scores = torch.tensor([[0.1, 0.2, 0.3, 0.0], [0.4, 0.5, 0.0, 0.0]])
+    mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
+    assert eta_for_zero_fraction(scores, 0.6, mask) == pytest.approx(0.3)
+    assert eta_for_zero_fraction(scores, 0.6, mask) == pytest.approx(eta_for_zero_fraction([[0.1, 0.2, 0.3], [0.4, 0.5]], 0.6))
+    with pytest.raises(ValueError, match="step_mask"):
+        eta_for_zero_fraction(scores, 0.6)  # a padded tensor without its mask is refused
+    assert eta_for_zero_fraction(torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5]), 0.6) == pytest.approx(0.3)

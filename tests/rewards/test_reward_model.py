@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from rewards.config import Readout, RewardKind, RewardModelConfig
-from rewards.reward_model import RewardModelError, encode_with_reads, load_reward_model, rm_input, RMFormat
+from rewards.reward_model import RewardModelError, encode_with_reads, load_reward_model, plan_windows, rm_input, RMFormat, window_ids
 from rewards.segment import Step, split_steps
 
 QUESTION = "Start with 7. Add 5, then multiply by 3. What is the result?"
@@ -44,14 +44,44 @@ def test_rm_input_and_read_positions(tiny_model_dir):
     text, reads = rm_input(RMFormat(), "Q?", steps_of("1 + 1 = 2\n\nThe answer is \\boxed{2}."))
     assert text == "Q?\n\n1 + 1 = 2\n\nThe answer is \\boxed{2}."
     assert reads == [15, len(text)]  # after step 1's blank line; the end
-    ids, positions = encode_with_reads(tok, text, reads)
+    ids, positions, num_question = encode_with_reads(tok, text, reads, keep_chars=len("Q?\n\n"))
     assert tok.convert_ids_to_tokens([ids[p] for p in positions]) == ["ĊĊ", "}."]
+    assert tok.decode(ids[:num_question]).endswith("Q?\n\n") and not tok.decode(ids[num_question:]).startswith("\n")
     tagged, tag_reads = rm_input(RMFormat("{question} ", " ки"), "Q?", steps_of("1 + 1 = 2\n\nThe answer is 2."))
     assert tagged == "Q? 1 + 1 = 2 ки\n\nThe answer is 2. ки"
     assert [tagged[:r][-3:] for r in tag_reads] == [" ки", " ки"]
-    # Truncation keeps the end: reads shift left with the cut.
-    short, short_positions = encode_with_reads(tok, text, reads, max_length=10)
-    assert short == ids[-10:] and short_positions[-1] == 9
+    # Truncation keeps the question in every window; the last step is read at the window's end.
+    (first, first_reads), (last, last_reads) = window_ids(ids, positions, num_question, max_length=10)
+    assert first[:num_question] == last[:num_question] == ids[:num_question]
+    assert first[first_reads[0]] == ids[positions[0]] and last[last_reads[0]] == ids[positions[1]]
+    assert len(first) <= 10 and len(last) <= 10
+
+
+def test_plan_windows_worked_example():
+    # 20 tokens, question = tokens 0..3, reads at 6, 12, 19, max_length 10 (6 tokens of response per window)
+    assert plan_windows(20, [6, 12, 19], 4, 10) == [(4, 7, [6]), (10, 13, [12]), (14, 20, [19])]
+    assert plan_windows(20, [6, 7, 9], 4, 10) == [(4, 10, [6, 7, 9])]
+    assert plan_windows(8, [6, 7], 4, 10) == [(4, 8, [6, 7])]  # fits: one window, nothing cut
+    assert plan_windows(20, [19], 4, 10) == [(14, 20, [19])]  # ORM: the question and the response's end
+    assert plan_windows(30, [29], 12, 10) == [(25, 30, [29])]  # a long question keeps at most half the window
+
+
+def test_truncated_prm_keeps_the_question_and_c1(rm_dirs):
+    """Inputs longer than max_length used to lose their start (question, step 1): c_1 was wrong."""
+    steps = steps_of("\n\n".join(f"{i} + {i} = {2 * i}" for i in range(1, 30)))
+    full = load_reward_model(rm_dirs["prm"], RewardModelConfig(), RewardKind.prm)
+    text, reads = rm_input(full.fmt, QUESTION, steps)
+    num_tokens = len(full.tokenizer(text).input_ids)
+    short = load_reward_model(rm_dirs["prm"], RewardModelConfig(max_length=num_tokens // 3), RewardKind.prm)
+    exact, cut = full.score_steps([QUESTION], [steps])[0], short.score_steps([QUESTION], [steps])[0]
+    assert len(cut) == len(exact) == len(steps)
+    assert cut[0] == pytest.approx(exact[0], abs=1e-5)  # step 1 with the question, exactly as untruncated
+    windows = short._windows(QUESTION, text, reads)
+    assert len(windows) >= 3 and all(len(ids) <= num_tokens // 3 for ids, _ in windows)
+    assert sum(len(r) for _, r in windows) == len(steps)
+    orm_text = rm_input(RMFormat(), QUESTION, [Step(text, "")])[0]
+    (ids, (read,)), = short._windows(QUESTION, orm_text, None)
+    assert short.tokenizer.decode(ids).startswith(QUESTION) and read == len(ids) - 1
 
 
 def test_value_head_prm_scores(rm_dirs):
@@ -76,7 +106,7 @@ def test_step_tag_prm_reads_good_over_good_plus_bad(rm_dirs):
     assert len(scores) == 4
     # By hand: full-vocabulary logits at each tag token, then P(+) / (P(+) + P(-)).
     text, reads = rm_input(RMFormat(step_tag=" ки"), QUESTION, steps)
-    ids, positions = encode_with_reads(prm.tokenizer, text, reads)
+    ids, positions, _ = encode_with_reads(prm.tokenizer, text, reads)
     model = AutoModelForCausalLM.from_pretrained(rm_dirs["lm"])
     with torch.no_grad():
         probs = model(torch.tensor([ids])).logits[0].softmax(-1)

@@ -4,6 +4,7 @@ import torch
 
 from trainer.advantages import (
     compute_advantages,
+    explained_variance,
     gae,
     kl_shaped_rewards,
     masked_mean,
@@ -105,3 +106,15 @@ def test_compute_advantages_whitens_but_returns_stay_raw():
     expected = (torch.tensor([[1.0, 1.0], [0.0, 0.0]]) - 0.5) / (1 / 3) ** 0.5
     torch.testing.assert_close(out.advantages, expected, atol=1e-5, rtol=0)
     assert masked_mean(out.advantages, mask).abs().item() < 1e-6
+
+
+def test_explained_variance_by_hand():
+    # R = 1, 2, 3, 4 and V = 1, 2, 3, 3: Var(R - V) = 0.25, Var(R) = 5/3 (Bessel) -> 1 - 0.15 = 0.85
+    returns = torch.tensor([[1.0, 2.0, 0.0], [3.0, 4.0, 0.0]])
+    values = torch.tensor([[1.0, 2.0, 7.0], [3.0, 3.0, -7.0]])  # padding (7, -7) is left out
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+    assert explained_variance(values, returns, mask) == pytest.approx(0.85)
+    assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
+    assert explained_variance(torch.zeros_like(returns), returns, mask) == pytest.approx(0.0)  # a constant explains nothing
+    assert explained_variance(-returns, returns, mask) == pytest.approx(-3.0)  # Var(2R) = 4 Var(R)
+    assert explained_variance(values, torch.ones_like(returns), mask) == 0.0  # nothing to explain

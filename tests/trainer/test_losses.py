@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from trainer.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_loss
+from trainer.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_clip_range, value_loss
 
 
 def test_policy_loss_four_clipping_cases():
@@ -75,3 +75,55 @@ def test_entropy_from_logits():
     # p = [1/4, 3/4]: H = -(0.25 ln 0.25 + 0.75 ln 0.75)
     two = torch.tensor([[[0.0, math.log(3.0)]]])
     assert entropy_from_logits(two).item() == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
+
+
+def test_entropy_uses_the_sampling_temperature():
+    # p = [1/4, 3/4] at temperature 1; at temperature 2 the logits halve: p = [1, sqrt 3] / (1 + sqrt 3)
+    two = torch.tensor([[[0.0, math.log(3.0)]]])
+    p = math.sqrt(3) / (1 + math.sqrt(3))
+    expected = -(p * math.log(p) + (1 - p) * math.log(1 - p))
+    assert entropy_from_logits(two, temperature=2.0).item() == pytest.approx(expected)
+    # and it is the entropy of the distribution logprobs_from_logits scores at that temperature
+    logprobs = logprobs_from_logits(two.expand(1, 2, 2), torch.tensor([[0, 1]]), temperature=2.0)
+    assert entropy_from_logits(two, temperature=2.0).item() == pytest.approx(-(logprobs.exp() * logprobs).sum().item())
+
+
+def test_value_loss_without_clipping_is_plain_regression():
+    # same numbers as the clipped case: 0.5 * (0.25 + 0.16 + 2.25) / 3, nothing clipped
+    values = torch.tensor([[0.5, 0.1, -0.5]], requires_grad=True)
+    returns = torch.tensor([[1.0, 0.5, 1.0]])
+    loss, stats = value_loss(values, torch.zeros(1, 3), returns, torch.ones(1, 3), clip_eps=None)
+    assert loss.item() == pytest.approx(0.5 * 2.66 / 3)
+    assert stats.clip_frac.item() == 0.0
+    loss.backward()
+    torch.testing.assert_close(values.grad, (values - returns).detach() / 3)
+
+
+def test_raw_value_clip_stalls_a_zero_critic_on_large_returns_and_return_std_scales_with_them():
+    # A zero-initialised head and raw-PRM-sized returns (3.0): once V has moved 0.2 the clipped
+    # error is the larger one and the gradient is exactly 0, however far V still is from R.
+    returns = torch.full((1, 2), 3.0)
+    values = torch.tensor([[0.25, 0.1]], requires_grad=True)
+    loss, stats = value_loss(values, torch.zeros(1, 2), returns, torch.ones(1, 2), clip_eps=0.2)
+    loss.backward()
+    assert values.grad[0, 0].item() == 0.0 and values.grad[0, 1].item() < 0
+    assert stats.clip_frac.item() == pytest.approx(0.5)
+    # return_std: the range is eps * std(R over real tokens), so it scales with the reward
+    returns = torch.tensor([[1.0, 2.0, 9.0], [3.0, 4.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])  # padding (9) is left out
+    assert value_clip_range(returns, mask, 0.5, "return_std") == pytest.approx(0.5 * math.sqrt(1.25))
+    assert value_clip_range(10 * returns, mask, 0.5, "return_std") == pytest.approx(5 * math.sqrt(1.25))
+    assert value_clip_range(returns, mask, 0.5, "raw") == 0.5
+    assert value_clip_range(returns, mask, 0.5, "none") is None
+    # two data-parallel halves, summed, give the range of the whole batch
+    halves = [(returns[:1], mask[:1]), (returns[1:], mask[1:])]
+
+    def fake_all_reduce(moments):  # this half's moments plus the other half's
+        other = [r for r in halves if r[0] is not current[0]][0]
+        r, m = other[0].double(), other[1].double()
+        return moments + torch.stack([m.sum(), (r * m).sum(), (r * r * m).sum()])
+
+    for current in halves:
+        assert value_clip_range(*current, 0.5, "return_std", fake_all_reduce) == pytest.approx(0.5 * math.sqrt(1.25))
+    with pytest.raises(ValueError, match="value_clip"):
+        value_clip_range(returns, mask, 0.5, "rawr")

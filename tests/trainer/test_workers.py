@@ -84,7 +84,32 @@ def test_critic_starts_at_zero_and_learns(tiny_model_dir):
     first = critic.update(targets)
     second = critic.update(targets)
     assert second["loss"] < first["loss"]
+    assert first["clip_range"] == 10.0
     assert critic.compute_values(batch).abs().sum() > 0
+
+
+def test_values_match_an_unpadded_forward_with_a_nonzero_head(tiny_model_dir):
+    """V(s_t) is the head at the column before response token t; a zero head cannot show an off-by-one."""
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    batch = make_batch()
+    critic = CriticWorker(model_dir=str(tiny_model_dir))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        critic.model.score.weight.normal_()
+        critic.model.score.bias.normal_() if critic.model.score.bias is not None else None
+    values = critic.compute_values(batch)
+    reference = AutoModelForTokenClassification.from_pretrained(
+        tiny_model_dir, config=AutoConfig.from_pretrained(tiny_model_dir, num_labels=1, classifier_dropout=0.0))
+    reference.load_state_dict(critic.model.state_dict())
+    for b, (ids, attn, mask) in enumerate(zip(batch["input_ids"], batch["attention_mask"], batch["response_mask"])):
+        seq = ids[attn.bool()][None]
+        num_response = int(mask.sum())
+        with torch.no_grad():
+            expected = reference(seq).logits[0, -num_response - 1 : -1, 0]  # the state before each response token
+        assert expected.abs().min() > 1e-3  # a real check: no value is (near) zero
+        torch.testing.assert_close(values[b, :num_response], expected, atol=1e-5, rtol=0)
+        assert (values[b, num_response:] == 0).all()
 
 
 def test_policy_update_stats(tiny_model_dir):
