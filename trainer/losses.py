@@ -10,7 +10,8 @@ clipfrac), torchtune ``rlhf/loss/ppo.py``.
 """
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor

@@ -5,7 +5,15 @@ import pytest
 import torch
 
 from rewards.config import Readout, RewardKind, RewardModelConfig
-from rewards.reward_model import RewardModelError, encode_with_reads, load_reward_model, plan_windows, rm_input, RMFormat, window_ids
+from rewards.reward_model import (
+    RewardModelError,
+    RMFormat,
+    encode_with_reads,
+    load_reward_model,
+    plan_windows,
+    rm_input,
+    window_ids,
+)
 from rewards.segment import Step, split_steps
 
 QUESTION = "Start with 7. Add 5, then multiply by 3. What is the result?"
