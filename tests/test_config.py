@@ -136,6 +136,7 @@ def test_qwen_math_model_configs_carry_their_shapes():
     assert not _compose([]).model.shape.given  # tiny: derived from model.tiny
 
 
+@pytest.mark.filterwarnings(r"ignore:\s*'model/tiny' is validated against ConfigStore schema:UserWarning")
 def test_train_py_rejects_an_added_unknown_key_before_training(monkeypatch, capsys):
     """The whole entry point, not just the composer: it must stop at start, naming the key."""
     import runpy
