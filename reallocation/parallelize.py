@@ -115,9 +115,3 @@ def parallelize(model: nn.Module, mesh: Any, **fsdp_kwargs) -> nn.Module:
         apply_tp(model, mesh["tp"])
     return apply_fsdp(model, mesh["dp"], **fsdp_kwargs)
 
-
-def training_layout(dp: int, tp: int = 1):
-    """The ``Layout`` that ``parallelize`` produces on a ``make_mesh(dp, tp)`` mesh."""
-    from reallocation.layout import Layout
-
-    return Layout(fsdp=dp, tp=tp)

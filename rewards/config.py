@@ -1,6 +1,6 @@
 """Typed reward config: the `reward/` config group composes onto this schema.
 
-The reward of one response (reward paper, section 1; DESIGN.md section 4), before the trainer adds
+The reward of one response (Gao et al. 2024, section 1; README "Rewards"), before the trainer adds
 the per-token KL term:
 
 - success:  Correct(q, s) in {0, 1} on the final token (the shared grader, eval.grade);
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
 
 
 class RewardKind(Enum):
@@ -59,15 +58,15 @@ class RewardModelConfig:
     """HF directory of the reward model, a hub id, or `builtin:synthetic-prm` / `builtin:synthetic-orm`
     (trained on the synthetic task on first use, from the tiny model, and cached; see rewards.train_rm)."""
     readout: Readout = Readout.auto
-    question_template: Optional[str] = None
+    question_template: str | None = None
     """Text before the response in the RM input; `{question}` is replaced. None: the model dir's
     realm_rm.json, else "{question}\\n\\n". Math-Shepherd checkpoints want "{question} "."""
-    step_tag: Optional[str] = None
+    step_tag: str | None = None
     """step_tag readout: the tag appended to each step's text, e.g. " ки" (Math-Shepherd). None: from
     realm_rm.json, else none (value_head) or " ки" (step_tag)."""
-    good_token: Optional[str] = None
+    good_token: str | None = None
     """step_tag readout: the 'good step' token (default "+"); must be one token."""
-    bad_token: Optional[str] = None
+    bad_token: str | None = None
     """step_tag readout: the 'bad step' token (default "-"); must be one token."""
     batch_size: int = 16
     """Responses per reward-model forward pass."""
@@ -93,7 +92,7 @@ class RewardConfig:
     """Weight of the learned reward relative to the success reward (weight 1)."""
     eta: float = 0.5
     """Clip threshold in [0, 1]: under Clip a step scoring c_k >= eta gets 0, a lower one c_k - eta < 0."""
-    eta_zero_fraction: Optional[float] = None
+    eta_zero_fraction: float | None = None
     """If set (clip / clip_delta only), eta is recalibrated on the first reward call (the initial
     rollouts): eta = the (1 - eta_zero_fraction) quantile of their raw step scores, so that this
     fraction of steps gets zero reward under Clip (rewards.eta). The reward paper suggests most steps

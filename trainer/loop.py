@@ -1,4 +1,4 @@
-"""train(): the PPO loop of DESIGN.md §3, composed from workers placed by Ray.
+"""train(): the PPO loop, composed from workers placed by Ray.
 
 One iteration::
 

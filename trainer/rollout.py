@@ -12,29 +12,17 @@ logits at column P + j - 1::
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 
 from eval.data import Problem
 from eval.prompts import PromptTemplate
 
-
-@dataclass
-class Completion:
-    """One sampled response as the generation engine returns it."""
-
-    token_ids: list[int]
-    text: str
-    finish_reason: str
-    """"stop" (EOS) or "length" (truncated at max_new_tokens)."""
-
-
-class GenerateFn(Protocol):
-    def __call__(
-        self, prompt_ids: Sequence[list[int]], *, n: int, temperature: float, top_p: float, max_new_tokens: int, seed: int
-    ) -> list[list[Completion]]: ...
+if TYPE_CHECKING:
+    from models.vllm_engine import Completion
 
 
 @dataclass
