@@ -160,3 +160,20 @@ def test_a_cluster_config_reaches_the_rule_unchanged():
     cfg = _cfg("model=qwen2.5-math-7b")
     plan = heuristic_plan(cluster, model_specs(cfg), rows=64, seq_len=2048)
     assert (plan.num_nodes, plan.gpus_per_node, plan.num_devices) == (2, 4, 8)
+
+
+def test_search_returns_a_fitting_plan_within_its_budget_and_writes_it(tmp_path):
+    import time
+
+    from reallocation.estimator import estimate_plan, hardware
+    from trainer.plan_select import workload
+
+    cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-7b-instruct", "cluster.plan=search",
+               "cluster.plan_search_seconds=1")
+    specs = model_specs(cfg)
+    t = time.monotonic()
+    plan = resolve_plan(cfg, specs, run_dir=tmp_path)
+    assert time.monotonic() - t < 20  # 1 s of search plus baselines and set-up
+    assert plan.source == "search" and plan.num_devices <= 8
+    assert estimate_plan(plan, workload(cfg, specs), hardware("h100", 1, 8)).fits
+    assert ExecutionPlan.load(tmp_path / PLAN_FILE).calls == plan.calls
