@@ -3,6 +3,12 @@
     .venv/bin/python bench/ppo_iteration.py --install-trl      # once, needs the package registry
     unshare -n bash -c 'ip link set lo up && .venv/bin/python bench/ppo_iteration.py --json bench/out/ppo_iteration.json'
 
+The issue's two workloads, and the plan runtime against the pre-plan fixed placement::
+
+    bench/ppo_iteration.py --json out/default.json --num-prompts 64 --samples-per-prompt 8 --placement-baseline
+    bench/ppo_iteration.py --json out/smollm2.json --model smollm2-135m --num-prompts 16 --samples-per-prompt 4 \
+        --max-new-tokens 256
+
 One fixed workload, run twice in the same process tree one after the other (so both see the same
 machine load; the load average before and after each is recorded):
 
@@ -55,6 +61,9 @@ TRL_VERSION = "0.29.1"
 TRL_DIR = REPO / ".cache" / "bench-deps" / f"trl-{TRL_VERSION}"
 REALM_PHASES = ("generate", "reward", "inference", "train", "sync", "other")
 TRL_PHASES = ("generate", "inference", "train", "other")
+PLACEMENT_BASELINE = ("cluster.plan=disjoint", "cluster.devices_per_node=4")
+"""The fixed per-role placement the trainer had before execution plans: generation, actor training,
+critic and reference each on a device (a worker process) of its own."""
 PHASE_LABELS = {
     "generate": "generate", "reward": "reward", "inference": "ref/critic inference (+ reward model, GAE: TRL)",
     "train": "PPO epochs (actor + critic)", "sync": "weight sync -> vLLM", "other": "other",
@@ -99,8 +108,9 @@ def install_trl() -> None:
 # ---------------------------------------------------------------------------------------------- realm
 
 
-def realm_config(args):
-    """The default config (configs/train.yaml via Hydra) with the benchmark workload's overrides."""
+def realm_config(args, extra: tuple[str, ...] = ()):
+    """The default config (configs/train.yaml via Hydra) with the benchmark workload's overrides
+    (``extra`` last: the placement baseline's)."""
     from hydra import compose, initialize_config_dir
 
     from trainer.compose import to_train_config
@@ -118,6 +128,9 @@ def realm_config(args):
         "run.resume=false",
         f"data.heldout_limit={args.heldout_limit}",
         "sft.num_steps=0",
+        *([f"model={args.model}"] if args.model else []),
+        *args.realm_override,
+        *extra,
     ]
     with initialize_config_dir(config_dir=str(REPO / "configs"), version_base="1.3"):
         cfg = compose(config_name="train", overrides=overrides)
@@ -180,6 +193,19 @@ def realm_iterations(rows: list[dict], rollouts: int) -> list[dict]:
     if not iterations:
         raise RuntimeError("metrics.jsonl has no timed iteration (rows without time/iteration only)")
     return iterations
+
+
+def run_placement_baseline(args, realm: dict, run_dir: Path) -> dict:
+    """realm again with the placement baseline's overrides (the pre-plan fixed placement by default):
+    the plan runtime's iteration time against it, same workload, same process, one after the other."""
+    extra = tuple(args.placement_baseline or PLACEMENT_BASELINE)
+    cfg, _ = realm_config(args, extra)
+    _log(f"[placement baseline] realm with {' '.join(extra)}")
+    baseline = run_realm(cfg, run_dir)
+    summarize(baseline, REALM_PHASES)
+    ratio = baseline["mean_s"]["iteration_s"] / realm["mean_s"]["iteration_s"]
+    _log(f"placement baseline: {baseline['mean_s']['iteration_s']:.2f} s/iteration; plan runtime {ratio:.2f}x faster")
+    return {"overrides": list(extra), "baseline": baseline, "speedup_of_plan": ratio}
 
 
 # ---------------------------------------------------------------------------------------------- TRL
@@ -261,6 +287,11 @@ def print_table(result: dict) -> None:
     print(f"| end-to-end tokens/s | {realm['tokens_per_s']:.1f} | {t} |")
     t = f"{trl['tokens'] / trl['rows']:.1f} ({trl['stopped_at_eos']}/{trl['rows']} at EOS)" if trl_ok else "-"
     print(f"| tokens per response | {realm['tokens'] / realm['rows']:.1f} ({realm['stopped_at_eos']}/{realm['rows']} at EOS) | {t} |")
+    placement = result.get("placement")
+    if placement:
+        base = placement["baseline"]
+        print(f"placement baseline ({' '.join(placement['overrides'])}): {base['mean_s']['iteration_s']:.2f} s/iteration, "
+              f"{base['tokens_per_s']:.1f} tokens/s; the plan's iteration is {placement['speedup_of_plan']:.2f}x faster")
     if trl_ok:
         print(f"ratio realm / TRL tokens/s: {result['ratio_realm_over_trl']:.2f}x")
     else:
@@ -328,6 +359,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trl-threads", type=int, default=0,
                         help="torch threads of the TRL process (0: what realm's Ray workers get, OMP_NUM_THREADS or 1)")
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--model", default="", help="model config (configs/model/), e.g. smollm2-135m; default: tiny")
+    parser.add_argument("--realm-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra Hydra override for realm's runs (repeatable)")
+    parser.add_argument("--placement-baseline", nargs="*", metavar="KEY=VALUE", default=None,
+                        help="also run realm with these overrides (default when given bare: "
+                             f"{' '.join(PLACEMENT_BASELINE)}) and report its iteration time beside the plan's")
     args = parser.parse_args(argv)
     if args.install_trl:
         install_trl()
@@ -366,6 +403,9 @@ def main(argv: list[str] | None = None) -> None:
         realm = run_realm(cfg, work / "realm-run")
         summarize(realm, REALM_PHASES)
         _log(f"realm: {realm['tokens_per_s']:.1f} tokens/s, {realm['mean_s']['iteration_s']:.2f} s/iteration")
+        placement = None
+        if args.placement_baseline is not None:
+            placement = run_placement_baseline(args, realm, work / "realm-baseline-run")
         if args.skip_trl:
             trl = {"status": "skipped", "error": "--skip-trl"}
         elif trl_error:
@@ -385,6 +425,7 @@ def main(argv: list[str] | None = None) -> None:
         "realm": realm,
         "trl": trl,
         "ratio_realm_over_trl": ratio,
+        "placement": placement,
         "note": ("realm and TRL ran one after the other in this one run on the same machine, under the same "
                  f"shared load (load average realm {realm['load_avg_before'][0]:.1f}->{realm['load_avg_after'][0]:.1f}"
                  + (f", TRL {trl['load_avg_before'][0]:.1f}->{trl['load_avg_after'][0]:.1f}" if "load_avg_before" in trl else "")
