@@ -177,3 +177,11 @@ def test_search_returns_a_fitting_plan_within_its_budget_and_writes_it(tmp_path)
     assert plan.source == "search" and plan.num_devices <= 8
     assert estimate_plan(plan, workload(cfg, specs), hardware("h100", 1, 8)).fits
     assert ExecutionPlan.load(tmp_path / PLAN_FILE).calls == plan.calls
+
+
+@pytest.mark.parametrize("model, named", [("qwen2.5-math-1.5b-instruct", "qwen2.5-math-1.5b"),
+                                          ("qwen2.5-math-7b", "qwen2.5-math-7b"), ("smollm2-135m", "smollm2-135m")])
+def test_model_config_shapes_agree_with_the_plan_searchs_named_shapes(model, named):
+    from reallocation.shapes import named_spec
+
+    assert model_spec(_cfg(f"model={model}").model) == named_spec(named)
