@@ -44,6 +44,15 @@ def test_dry_run_prints_each_call_and_the_cost_models_totals(cluster, model, tmp
     assert (tmp_path / "plan.yaml").exists()
 
 
+@pytest.mark.parametrize("cluster", ["gpu_1x8", "gpu_2x8"])
+def test_the_heuristic_fits_the_reward_papers_7b_batch(cluster, tmp_path):
+    # 4096 prompts x 8 samples x (1024 + 1024) tokens: 67M tokens per iteration on Qwen2.5-Math-7B.
+    cfg = _cfg(f"cluster={cluster}", "model=qwen2.5-math-7b-instruct", "rollout.num_prompts=4096",
+               "rollout.max_prompt_tokens=1024", "rollout.max_new_tokens=1024")
+    peak = float(LAST_LINE.fullmatch(dry_run_report(cfg, tmp_path)[-1]).group(3))
+    assert peak <= 80  # an H100's memory
+
+
 def _train_without_ray(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     """train.py with `import ray` made to fail: a dry run must never reach it."""
     blocker = tmp_path / "blocked"

@@ -8,8 +8,9 @@
   ``GEN_WEIGHT_BYTES_PER_DEVICE`` (TP 1 on CPU). On one node every other call uses every device
   too; on several, the actor's side (training, reference) takes the first half of the nodes and
   the critic's side (critic, reward model) the rest. Training is FSDP over its devices; inference
-  is data-parallel in the same TP rule as generation. On GPUs, training checkpoints activations and uses enough
-  micro-batches for at most ``TOKENS_PER_MICROBATCH`` tokens per device, and the frozen reference
+  is data-parallel in the same TP rule as generation. On GPUs, training checkpoints activations;
+  training and inference use micro-batches of at most ``TOKENS_PER_MICROBATCH`` tokens per device,
+  generation runs in waves whose KV cache fits ``KV_BYTES_PER_DEVICE``, and the frozen reference
   and reward models leave the GPU between their calls (offload).
 - ``disjoint``: each role on its own devices (generation; actor training; critic inference and
   training; reference; reward model), the placement the trainer used before plans.
@@ -40,6 +41,8 @@ GEN_WEIGHT_BYTES_PER_DEVICE = 8 << 30
 """Heuristic: a generation replica's bf16 weights per GPU at most this (leaves room for the KV cache)."""
 TOKENS_PER_MICROBATCH = 16384
 """Heuristic: training and inference micro-batches of at most this many tokens per GPU."""
+KV_BYTES_PER_DEVICE = 16 << 30
+"""Heuristic: generation runs in waves (micro-batches) whose full-length bf16 KV cache fits this per GPU."""
 PLAN_FILE = "plan.yaml"
 
 
@@ -158,6 +161,18 @@ def _microbatches(rows_per_replica: int, seq_len: int, on_gpu: bool) -> int:
     return min(1 << max(0, need - 1).bit_length(), rows_per_replica)
 
 
+def _generation_waves(spec: ModelSpec, tp: int, rows_per_replica: int, seq_len: int, on_gpu: bool) -> int:
+    """Power of two of waves so that one wave's KV cache (K and V, bf16, every layer, full length)
+    fits KV_BYTES_PER_DEVICE; 1 on CPU. Qwen2.5-Math-7B at tp 2 holds 2 of its 4 kv heads: 2 * 2 *
+    128 * 2 B * 28 layers = 28 KiB per token, 58.7 MB per 2048-token sequence, 292 sequences per wave."""
+    if not on_gpu or rows_per_replica <= 1:
+        return 1
+    kv_heads = max(1, spec.num_kv_heads // tp)
+    per_sequence = 2 * kv_heads * spec.head_dim * 2 * spec.num_layers * seq_len
+    need = math.ceil(rows_per_replica * per_sequence / KV_BYTES_PER_DEVICE)
+    return min(1 << max(0, need - 1).bit_length(), rows_per_replica)
+
+
 def heuristic_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec], *, rows: int, seq_len: int) -> ExecutionPlan:
     """The fixed rule of the module docstring; ``rows`` sequences of ``seq_len`` tokens per iteration.
 
@@ -180,8 +195,9 @@ def heuristic_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec], *, rows:
         devices, train = mesh[call], call.endswith("_train")
         tp = 1 if train else generation_tp(spec, math.gcd(len(devices), per_node), gpu)
         dp = len(devices) // tp
-        return CallAllocation(devices=devices, dp=dp, tp=tp,
-                              num_microbatches=1 if call == "actor_gen" else _microbatches(rows // dp, seq_len, gpu),
+        waves = (_generation_waves(spec, tp, rows // dp, seq_len, gpu) if call == "actor_gen"
+                 else _microbatches(rows // dp, seq_len, gpu))
+        return CallAllocation(devices=devices, dp=dp, tp=tp, num_microbatches=waves,
                               activation_checkpointing=train and gpu, offload=call in ("ref_inf", "rew_inf") and gpu)
 
     calls = {c: allocation(c, specs[CALL_MODEL[c]]) for c in CALLS if CALL_MODEL[c] in specs}

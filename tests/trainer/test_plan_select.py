@@ -77,6 +77,15 @@ def test_heuristic_on_gpus_worked_example_7b_on_one_node():
     assert not calls["critic_inf"].offload
 
 
+def test_generation_runs_in_waves_whose_kv_cache_fits_16_gib():
+    # 4096 prompts x 8 samples of 1024 + 1024 tokens on one 8-GPU node: 7B at tp 2 x dp 4, so 8192
+    # sequences per replica x 58.7 MB of KV cache (28 KiB per token) = 448 GiB -> 28 -> 32 waves.
+    cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-7b-instruct", "rollout.num_prompts=4096",
+               "rollout.num_samples_per_prompt=8", "rollout.max_prompt_tokens=1024", "rollout.max_new_tokens=1024")
+    gen = resolve_plan(cfg, model_specs(cfg)).calls["actor_gen"]
+    assert (gen.dp, gen.tp, gen.num_microbatches) == (4, 2, 32)
+
+
 @pytest.mark.parametrize("num_nodes, per_node", [(1, 1), (1, 3), (2, 3), (3, 2), (1, 6)])
 def test_heuristic_fits_odd_cluster_shapes(num_nodes, per_node):
     cfg = _cfg("model=qwen2.5-math-7b", "cluster=gpu_1x8", f"cluster.num_nodes={num_nodes}",
