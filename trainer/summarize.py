@@ -1,10 +1,14 @@
-"""Summarize a sweep: ``python -m trainer.summarize MULTIRUN_DIR [--out DIR]``.
+"""Summarize a sweep: ``python -m trainer.summarize MULTIRUN_DIR [--out DIR] [--export]``.
 
 Reads every finished run directory below MULTIRUN_DIR (one per Hydra job: metrics.jsonl, summary.json,
 .hydra/overrides.yaml; runs without summary.json are still going and are only listed) and writes
 ``summary.md`` (one row per reward option, seeds averaged) and
 ``curves.png`` (held-out success, steps per response, response length, train success over
 iterations, one line per reward option).
+
+``--export`` first copies each finished run, compactly, to ``DIR/runs/<run>/`` (``export_runs``) and
+summarizes those copies, so that a committed ``DIR`` holds the data behind its table:
+``python -m trainer.summarize DIR/runs --out DIR`` regenerates summary.md and summary.json byte for byte.
 """
 from __future__ import annotations
 
@@ -80,6 +84,36 @@ def run_row(run: Path) -> dict[str, Any]:
         "orm_score_mean": mean_of("reward/orm_score"),
         "kl_last": last_of("kl/mean"),
     }
+
+
+# Per-iteration keys left out of exported metrics: timings and throughput differ between machines and
+# runs and no summary reads them.
+_NOT_EXPORTED = ("time/", "throughput/")
+
+
+def export_runs(root: Path, out: Path) -> list[Path]:
+    """Compact copies of the finished runs under ``root`` in ``out/<run>/`` (run = path relative to root):
+    metrics.jsonl without timings, summary.json without the machine's run_dir, .hydra/overrides.yaml,
+    and samples.jsonl cut to the last iteration's samples. Returns the copies."""
+    copies = []
+    for run in find_runs(root):
+        if not (run / "summary.json").exists():
+            continue
+        copy = out / run.relative_to(root)
+        (copy / ".hydra").mkdir(parents=True, exist_ok=True)
+        rows = [{k: v for k, v in r.items() if not k.startswith(_NOT_EXPORTED)} for r in read_metrics(run)]
+        atomic_write_text(copy / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        summary = {k: v for k, v in json.loads((run / "summary.json").read_text()).items() if k != "run_dir"}
+        atomic_write_text(copy / "summary.json", json.dumps(summary, indent=2) + "\n")
+        atomic_write_text(copy / ".hydra" / "overrides.yaml", (run / ".hydra" / "overrides.yaml").read_text())
+        samples_path = run / "samples.jsonl"
+        if samples_path.exists():
+            samples = [json.loads(line) for line in samples_path.read_text().splitlines() if line.strip()]
+            last = max((s["iteration"] for s in samples), default=None)
+            atomic_write_text(copy / "samples.jsonl",
+                              "".join(json.dumps(s) + "\n" for s in samples if s["iteration"] == last))
+        copies.append(copy)
+    return copies
 
 
 def _fmt(x: Any) -> str:
@@ -162,8 +196,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", type=Path, help="a Hydra multirun directory (or any folder of run directories)")
     ap.add_argument("--out", type=Path, default=None, help="where to write summary.md/curves.png (default: root)")
+    ap.add_argument("--export", action="store_true",
+                    help="copy the finished runs compactly to OUT/runs/ and summarize the copies (needs --out)")
     args = ap.parse_args()
-    md, png = write_summary(args.root, args.out or args.root)
+    root = args.root
+    if args.export:
+        if args.out is None:
+            raise SystemExit("--export needs --out")
+        copies = export_runs(args.root, args.out / "runs")
+        print(f"exported {len(copies)} runs to {args.out / 'runs'}")
+        root = args.out / "runs"
+    md, png = write_summary(root, args.out or root)
     print(md.read_text())
     print(f"wrote {md} and {png}")
 
