@@ -173,7 +173,7 @@ def resolve_reward_model(path: str) -> Path:
     """
     if path in BUILTIN_REWARD_MODELS:
         from eval.files import is_complete
-        from rewards.train_rm import builtin_config, default_output_dir
+        from rewards.rm_config import builtin_config, default_output_dir
 
         cfg = builtin_config(path)
         target = default_output_dir(cfg)

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from rewards.config import Readout, Refinement, RewardConfig, RewardKind, RewardModelConfig
+from rewards.rm_config import RMKind, RMTrainConfig, SyntheticRMData, builtin_config, config_key
 from rewards.rm_data import RMDataError, RMExample, _junk, load_examples, synthetic_examples, write_examples
-from rewards.train_rm import RMKind, RMTrainConfig, SyntheticRMData, builtin_config, config_key, train_reward_model
+from rewards.train_rm import train_reward_model
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -104,7 +105,7 @@ def test_auxiliary_lm_loss_is_the_causal_lm_loss_on_response_tokens(tiny_model_d
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rewards.reward_model import make_reader
-    from rewards.train_rm import encode, lm_loss
+    from rewards.rm_encode import encode, lm_loss
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
@@ -238,7 +239,7 @@ def test_builtin_reward_models_train_on_first_use_and_beat_a_constant(path):
 
 
 def test_auc_worked_example():
-    from rewards.train_rm import auc
+    from rewards.rm_metrics import auc
 
     # positives 0.9 and 0.3, negatives 0.8 and 0.1: 0.9 beats both, 0.3 beats only 0.1 -> 3 of 4 pairs.
     assert auc([0.9, 0.8, 0.3, 0.1], [1, 0, 1, 0]) == 0.75
