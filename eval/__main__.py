@@ -3,10 +3,17 @@
     python -m eval model=smollm2-135m data=gsm8k                       # greedy, full GSM8K test
     python -m eval model=smollm2-135m data=math500 data.limit=50       # a fixed-seed subset
     python -m eval model=qwen2.5-math-1.5b-instruct model.path=/models/q15 data=math
-    python -m eval model.source=hf model.path=outputs/run/checkpoints/iter-20/policy data=math500
+    python -m eval model=outputs/run/checkpoints/iter_000200 data=math500 limit=100   # a trained policy
+    python -m eval model=/models/my-policy data=gsm8k grader=math_verify            # any HF directory
     python -m eval data=gsm8k num_samples=8 temperature=0.6            # sampling acc, pass@k, maj@k
     python -m eval data=gsm8k prompt=raw num_fewshot=4                 # few-shot, plain text
     python -m eval data.name=my_problems.jsonl                         # any jsonl/json/parquet file
+
+``model=`` takes a configs/model/ name or a path: an HF directory, a training run directory (its
+newest checkpoint) or one of its ``checkpoints/iter_N``; a checkpoint is exported first
+(``trainer.export``: ``<checkpoint>/hf``, reused afterwards). ``prompt=trained`` renders the prompt
+the policy was trained on. ``grader=math_verify`` grades with math-verify; the report then gives
+realm's accuracy beside it and how often the two agree.
 
 Writes ``samples.jsonl`` (one graded sample per line), ``summary.json`` and ``report.md`` into the
 run directory and prints that directory as the last line of stdout (progress goes to stderr).
@@ -58,14 +65,29 @@ class EvalDataConfig:
     """The dataset's default prompt template (eval.prompts); the top-level `prompt` overrides it."""
 
 
+class Grader(Enum):
+    realm = "realm"
+    """eval.grade: the grader training's success reward uses."""
+    math_verify = "math_verify"
+    """Hugging Face's math-verify (eval.grading.math_verify), as many papers and trainers report."""
+
+
 @dataclass
 class EvalConfig:
     """``python -m eval``: one model on one dataset. See configs/eval/eval.yaml."""
 
     model: ModelConfig = field(default_factory=ModelConfig)
     data: EvalDataConfig = field(default_factory=EvalDataConfig)
+    limit: int = 0
+    """Alias of data.limit (the name evaluation harnesses use); non-zero overrides it."""
     prompt: str = ""
-    """A template name from eval.prompts.TEMPLATES or a .yaml/.json file of template fields ("" = data.prompt)."""
+    """A template name from eval.prompts.TEMPLATES, a .yaml/.json file of template fields, or `trained`
+    (the prompt an exported realm policy was trained on: its prompt.yaml) ("" = data.prompt)."""
+    grader: Grader = Grader.realm
+    """Who decides `correct`. With math_verify, realm's grader grades every sample too, and the report
+    shows both accuracies and their agreement."""
+    compare_graders: bool = False
+    """With grader=realm: also grade with math-verify and report both (always on for grader=math_verify)."""
     num_fewshot: int = 0
     """Prepend this many solved exemplars from the dataset's training split (fixed seed)."""
     fewshot_source: str = ""
@@ -94,6 +116,11 @@ class EvalConfig:
     """Continue from the run directory's samples.jsonl; false deletes it and starts over."""
 
     def __post_init__(self) -> None:
+        if self.limit < 0 or self.data.limit < 0:
+            raise ValueError(f"limit={self.limit}, data.limit={self.data.limit}: need >= 0 (0 = all problems)")
+        if self.limit:
+            # One key from here on: run directories, resume and reports all read data.limit.
+            self.data.limit, self.limit = self.limit, 0
         if self.num_samples < 1:
             raise ValueError(f"num_samples={self.num_samples}: need >= 1")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
@@ -136,8 +163,11 @@ def _slug(text: str) -> str:
 def run_key(cfg: EvalConfig, model_dir: Path) -> dict[str, Any]:
     """Everything that changes the generated samples (not out_dir, resume, chunk_size, kv_cache_gib or ks)."""
     d = _plain(dataclasses.asdict(cfg))
-    for k in ("out_dir", "resume", "chunk_size", "kv_cache_gib", "ks"):
+    for k in ("out_dir", "resume", "chunk_size", "kv_cache_gib", "ks", "limit"):
         d.pop(k)
+    # Left out at their defaults, so that run directories made before these keys existed still resume.
+    if d["grader"] == "realm" and not d["compare_graders"]:
+        d.pop("grader"), d.pop("compare_graders")
     d["model_dir"] = str(model_dir)
     return d
 
@@ -182,14 +212,21 @@ def _prepare_run_dir(run_dir: Path, key: dict[str, Any], resume: bool) -> None:
     atomic_write_json(config_path, key)
 
 
-def _problems_and_template(cfg: EvalConfig):
+def _problems_and_template(cfg: EvalConfig, model_dir: Path):
     """The problems to evaluate and the prompt template (few-shot exemplars never evaluated)."""
     from eval.data import DataError, load_problems
     from eval.prompts import fewshot_source_for, load_template, with_fewshot
+    from trainer.export import PROMPT_FILE
 
+    spec = cfg.prompt or cfg.data.prompt
+    if spec == "trained":
+        if not (model_dir / PROMPT_FILE).exists():
+            raise EvalError(f"prompt=trained: {model_dir} has no {PROMPT_FILE} (only exported realm policies have one; "
+                            "evaluate model=RUN_DIR/checkpoints/iter_N, or name a template)")
+        spec = str(model_dir / PROMPT_FILE)
     try:
         problems = load_problems(cfg.data.name, limit=cfg.data.limit, seed=cfg.data.seed, synthetic_split="heldout")
-        template = load_template(cfg.prompt or cfg.data.prompt)
+        template = load_template(spec)
         if cfg.num_fewshot:
             source = cfg.fewshot_source or fewshot_source_for(cfg.data.name)
             template = with_fewshot(template, source, cfg.num_fewshot, seed=cfg.data.seed)
@@ -206,6 +243,18 @@ def _model_and_tokenizer(cfg: EvalConfig) -> tuple[EvalConfig, Path, Path]:
     from models.registry import ModelNotAvailable, resolve_model_dir
     from models.vllm_engine import has_tokenizer
 
+    from trainer.export import ExportError, exported_dir, find_checkpoint, is_checkpoint, is_run_dir
+
+    path = Path(cfg.model.path).expanduser() if cfg.model.source == ModelSource.hf else None
+    if path is not None and (is_checkpoint(path) or is_run_dir(path)):
+        # A training run or checkpoint: its policy's HF export (written on first use).
+        try:
+            ref = find_checkpoint(path)
+            name = f"{ref.run_dir.name}-iter{ref.iteration}" if cfg.model.name in ("tiny", path.name) else cfg.model.name
+            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=name,
+                                                                     path=str(exported_dir(ref.checkpoint, log=_log))))
+        except ExportError as e:
+            raise EvalError(str(e)) from None
     if cfg.model.source == ModelSource.hf and cfg.model.name == "tiny" and cfg.model.path:
         # `model.source=hf model.path=DIR` without a name: call the run after the directory.
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=Path(cfg.model.path).name or "model"))
@@ -242,8 +291,8 @@ def run_eval(cfg: EvalConfig) -> Path:
     from eval.report import SAMPLES_FILE, write_report
 
     t_start = time.monotonic()
-    problems, template = _problems_and_template(cfg)
     cfg, model_dir, tokenizer_dir = _model_and_tokenizer(cfg)
+    problems, template = _problems_and_template(cfg, model_dir)
     model_cfg = cfg.model
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     model_len = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", cfg.max_model_len)
@@ -279,7 +328,7 @@ def run_eval(cfg: EvalConfig) -> Path:
         result = evaluate(generate_fn, problems, template, tokenizer=tokenizer, num_samples=cfg.num_samples,
                           temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
                           seed=cfg.seed, ks=cfg.ks or None, samples_path=run_dir / SAMPLES_FILE,
-                          chunk_size=cfg.chunk_size)
+                          chunk_size=cfg.chunk_size, **_graders(cfg))
     except ResumeError as e:
         raise EvalError(str(e)) from None
     finally:
@@ -301,6 +350,18 @@ def run_eval(cfg: EvalConfig) -> Path:
     _log(f"[eval] accuracy {100 * acc['mean']:.1f}% [{100 * acc['ci_low']:.1f}, {100 * acc['ci_high']:.1f}] "
          f"on {result.summary['num_problems']} problems")
     return run_dir
+
+
+def _graders(cfg: EvalConfig) -> dict[str, Any]:
+    """evaluate()'s grader arguments: the chosen grader decides `correct`, the other one is compared."""
+    from eval.grade import grade_many
+    from eval.grading.math_verify import grade_many_math_verify
+
+    if cfg.grader == Grader.math_verify:
+        return dict(grade_many_fn=grade_many_math_verify, grader_name="math_verify",
+                    other_graders={"realm": grade_many})
+    others = {"math_verify": grade_many_math_verify} if cfg.compare_graders else {}
+    return dict(grade_many_fn=None, grader_name="realm", other_graders=others)
 
 
 def _previous_run(run_dir: Path) -> dict[str, Any]:
@@ -329,6 +390,43 @@ def to_eval_config(cfg: DictConfig) -> EvalConfig:
     return typed
 
 
+def model_path_overrides(argv: list[str]) -> list[str]:
+    """``model=PATH`` (an HF dir, a training run or checkpoint) -> ``model.source=hf model.path=PATH``
+    (+ ``model.dtype`` of the checkpoint unless given); ``model=NAME`` of configs/model/ stays a group choice.
+
+    Hydra reads ``model=`` as a config-group choice and cannot take a path there.
+    """
+    names = {p.stem for p in MODEL_CONFIG_DIR.glob("*.yaml")}
+    out: list[str] = []
+    dtype_given = any(a.startswith("model.dtype=") for a in argv)
+    for arg in argv:
+        value = arg.split("=", 1)[1] if arg.startswith("model=") else None
+        if value is None or value in names or not ("/" in value or Path(value).expanduser().exists()):
+            out.append(arg)
+            continue
+        out += ["model.source=hf", f"model.path={value}"]
+        dtype = None if dtype_given else _checkpoint_dtype(Path(value).expanduser())
+        if dtype:
+            out.append(f"model.dtype={dtype}")
+    return out
+
+
+def _checkpoint_dtype(path: Path) -> str | None:
+    """The dtype a model directory or training run was saved / trained in (None: unknown)."""
+    try:
+        if (path / "config.json").exists():
+            c = json.loads((path / "config.json").read_text())
+            dtype = c.get("dtype") or c.get("torch_dtype")
+            return dtype if dtype in ("float32", "bfloat16", "float16") else None
+        for run_dir in (path, path.parent.parent):  # a run directory, or one of its checkpoints
+            config = run_dir / ".hydra" / "config.yaml"
+            if config.exists():
+                return OmegaConf.load(config).model.dtype
+    except (OSError, ValueError, OmegaConfBaseException):
+        return None
+    return None
+
+
 register_configs()
 
 
@@ -342,4 +440,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    sys.argv[1:] = model_path_overrides(sys.argv[1:])
     main()

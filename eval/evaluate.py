@@ -18,7 +18,7 @@ import json
 import os
 import random
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -134,6 +134,8 @@ def evaluate(
     samples_path: str | Path | None = None,
     chunk_size: int = 64,
     grade_many_fn: GradeManyFn | None = None,
+    grader_name: str = "realm",
+    other_graders: Mapping[str, GradeManyFn] | None = None,
     log: Callable[[str], None] | None = _stderr,
 ) -> EvalResult:
     """Generate ``num_samples`` responses per problem, grade them, and compute the metrics.
@@ -142,6 +144,9 @@ def evaluate(
     ``chunk_size`` problems are generated at a time, in a seeded random order: the unit of progress
     reports and of resume.
     ``log`` gets progress lines (rate, ETA); None for silence.
+    ``grade_many_fn`` (named ``grader_name``) decides ``correct``; each of ``other_graders`` also
+    grades every sample (``correct_by`` in the records) and the summary's ``graders`` block gives
+    each grader's accuracy and the fraction of samples on which all agree.
     """
     _check_arguments(problems, num_samples, temperature)
     grade_many_fn = grade_many_fn or _default_grade_many
@@ -166,6 +171,7 @@ def evaluate(
         chunk = todo[start : start + chunk_size]
         outs = generate_fn([prompts[p.id] for p in chunk], **gen_kwargs)
         new = _graded_records(chunk, outs, prompts, num_samples, grade_many_fn)
+        _grade_again(new, grader_name, other_graders or {})
         if path is not None:
             _append(path, new)
         for r in new:
@@ -179,10 +185,12 @@ def evaluate(
     if path is not None and todo:
         _rewrite(path, records)  # finished: the file in problem order, like the records
     summary = summarize(per_problem, ks=ks, seed=seed)
+    if other_graders:
+        summary["graders"] = grader_agreement(records, [grader_name, *other_graders])
     summary["settings"] = {
         "template": template.record(),
         "num_samples": num_samples, "temperature": temperature, "top_p": top_p if temperature > 0 else 1.0,
-        "max_new_tokens": max_new_tokens, "seed": seed,
+        "max_new_tokens": max_new_tokens, "seed": seed, "grader": grader_name,
     }
     summary["timing"] = {
         "num_problems_generated": len(todo), "num_problems_resumed": len(problems) - len(todo),
@@ -240,6 +248,36 @@ def _graded_records(chunk: Sequence[Problem], outs: Sequence[Sequence[Completion
         record.update({k: p.metadata[k] for k in ("subject", "level") if k in p.metadata})
         records.append(record)
     return records
+
+
+def _grade_again(records: list[dict[str, Any]], grader_name: str, other_graders: Mapping[str, GradeManyFn]) -> None:
+    """Add ``correct_by`` {grader: correct} to each record: the primary grade plus each other grader's."""
+    if not other_graders:
+        return
+    for r in records:
+        r["correct_by"] = {grader_name: r["correct"]}
+    for name, fn in other_graders.items():
+        grades = fn([r["response"] for r in records], [r["gold"] for r in records], [r["dataset"] for r in records])
+        for r, g in zip(records, grades):
+            r["correct_by"][name] = bool(g.correct)
+
+
+def grader_agreement(records: Sequence[dict[str, Any]], names: Sequence[str]) -> dict[str, Any]:
+    """Each grader's accuracy over all samples and the fraction of samples all graders agree on.
+
+    Worked example: correct_by = {a: 1, b: 1}, {a: 1, b: 0}, {a: 0, b: 0}, {a: 0, b: 0} gives
+    accuracy a 0.5, b 0.25, agreement 0.75, a_only 1 (a says correct, b not), b_only 0.
+    """
+    graded = [r["correct_by"] for r in records if all(n in r.get("correct_by", {}) for n in names)]
+    num = len(graded)
+    out: dict[str, Any] = {"names": list(names), "num_samples": num,
+                           "accuracy": {n: sum(g[n] for g in graded) / num if num else 0.0 for n in names},
+                           "agreement": sum(len({g[n] for n in names}) == 1 for g in graded) / num if num else 0.0}
+    if len(names) == 2:
+        a, b = names
+        out[f"{a}_only"] = sum(g[a] and not g[b] for g in graded)
+        out[f"{b}_only"] = sum(g[b] and not g[a] for g in graded)
+    return out
 
 
 def _resume(path: Path | None, problems: Sequence[Problem], prompts: dict[str, str], num_samples: int,
