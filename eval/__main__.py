@@ -242,7 +242,6 @@ def _model_and_tokenizer(cfg: EvalConfig) -> tuple[EvalConfig, Path, Path]:
     from models.config import ModelSource
     from models.registry import ModelNotAvailable, resolve_model_dir
     from models.vllm_engine import has_tokenizer
-
     from trainer.export import ExportError, exported_dir, find_checkpoint, is_checkpoint, is_run_dir
 
     path = Path(cfg.model.path).expanduser() if cfg.model.source == ModelSource.hf else None

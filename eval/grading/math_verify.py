@@ -14,9 +14,9 @@ Model text is parsed by math-verify's LaTeX grammar and sympy, never evaluated a
 from __future__ import annotations
 
 import multiprocessing
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Sequence
 
 from eval.grade import GradeResult
 
