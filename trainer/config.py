@@ -117,6 +117,11 @@ class SFTConfig:
 
 @dataclass
 class RunConfig:
+    name: str = ""
+    """A fixed run directory, outputs/<name> (an absolute path is used as it is), e.g.
+    `run.name=reward_paper_1.5b/prm_clip_delta/seed0`: relaunching the same command resumes from its
+    last checkpoint. Empty: a new timestamped directory, outputs/<date>/<time>. Single runs only (a
+    `-m` sweep names its job directories itself)."""
     num_iterations: int = 20
     seed: int = 0
     eval_every: int = 10
@@ -152,8 +157,52 @@ class TrainConfig:
     sft: SFTConfig = field(default_factory=SFTConfig)
     run: RunConfig = field(default_factory=RunConfig)
 
+    def __post_init__(self) -> None:
+        check_reward_model(self)
+
+
+# Public reward models for a real policy, with the overrides for their input format (hub ids; download them
+# to a local directory on a machine with hub access, as for the policy).
+PUBLIC_PRM_HINT = (
+    "a PRM such as Math-Shepherd (peiyi9979/math-shepherd-mistral-7b-prm, a causal LM read at a step tag): "
+    "reward.model.path=/models/math-shepherd reward.model.readout=step_tag \"reward.model.step_tag=' ки'\" "
+    "reward.model.good_token=+ reward.model.bad_token=- \"reward.model.question_template='{question} '\"")
+PUBLIC_ORM_HINT = (
+    "an ORM with a sequence-classification head, such as Skywork/Skywork-Reward-Llama-3.1-8B-v0.2: "
+    "reward.model.path=/models/skywork-reward reward.model.readout=seq_cls, or one trained on your policy's "
+    "own samples with python -m rewards.train_rm kind=orm (as the paper did)")
+
+
+def check_reward_model(cfg: TrainConfig) -> None:
+    """A built-in synthetic reward model (a 2-layer model trained on the synthetic arithmetic task) cannot
+    judge a hub policy's solutions: refuse the pair at start instead of training against noise."""
+    from models.config import ModelSource
+    from rewards.config import BUILTIN_REWARD_MODELS, RewardKind
+
+    path = cfg.reward.model.path
+    # Only hub/HF-directory policies: the tiny model and the packaged SmolLM2 run the synthetic task the built-ins know.
+    if cfg.reward.kind == RewardKind.success or path not in BUILTIN_REWARD_MODELS or cfg.model.source != ModelSource.hf:
+        return
+    hint = PUBLIC_ORM_HINT if cfg.reward.kind == RewardKind.orm else PUBLIC_PRM_HINT
+    raise ValueError(
+        f"reward.model.path={path} is a 2-layer reward model trained on the synthetic arithmetic task; it cannot "
+        f"score the solutions of model={cfg.model.name} ({cfg.model.path}). Point reward.model.path at a real "
+        f"reward model, e.g. {hint}")
+
+
+def _run_dir(name: str, timestamp: str) -> str:
+    """hydra.run.dir: outputs/<run.name> when it is set (a fixed directory: relaunching resumes), else the timestamp."""
+    from pathlib import Path
+
+    return str(Path("outputs") / (name or timestamp))
+
 
 def register_configs() -> None:
-    """Register the schema so `configs/train.yaml` can list `train_schema` first in its defaults."""
+    """Register the schema so `configs/train.yaml` can list `train_schema` first in its defaults, and the
+    `run_dir` resolver that turns run.name into the run directory."""
+    from omegaconf import OmegaConf
+
     cs = ConfigStore.instance()
     cs.store(name="train_schema", node=TrainConfig)
+    if not OmegaConf.has_resolver("run_dir"):
+        OmegaConf.register_new_resolver("run_dir", _run_dir)
