@@ -17,7 +17,7 @@ SMALL = ["sft.num_steps=30", "rollout.num_prompts=4", "rollout.num_samples_per_p
          "run.num_heldout_samples=0", "ppo.num_minibatches=2"]
 
 
-def _run(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
+def _run(args: list[str], timeout: int = 1800) -> subprocess.CompletedProcess:
     env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
     proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
