@@ -204,7 +204,7 @@ def _main(argv: list[str] | None = None) -> int:
     table.add_argument("--benchmarks", nargs="+", default=["math500", "gsm8k"])
     args = parser.parse_args(argv)
     text = reward_paper_table(args.sweep_dir, args.size, args.seed, args.benchmarks)
-    write_atomic(args.sweep_dir / "table.md", text)
+    atomic_write_text(args.sweep_dir / "table.md", text)
     print(text, end="")
     print(args.sweep_dir / "table.md")
     return 0
