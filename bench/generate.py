@@ -67,13 +67,11 @@ def hf_tokens_per_s(model_dir: Path, dtype: str, prompts: list[str], max_new_tok
 def vllm_tokens_per_s(model_dir: Path, dtype: str, prompts: list[str], max_new_tokens: int) -> tuple[int, float, float, int]:
     import torch
 
+    from models.registry import max_context
     from models.vllm_engine import VLLMEngine
 
     t = time.perf_counter()
-    import json
-
-    context = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", 2048)
-    engine = VLLMEngine(model_dir, dtype=dtype, max_model_len=min(2048, context))
+    engine = VLLMEngine(model_dir, dtype=dtype, max_model_len=min(2048, max_context(model_dir) or 2048))
     startup = time.perf_counter() - t
     try:
         engine.generate(prompts[:2], temperature=0.0, max_new_tokens=4, logprobs=False)  # warm-up

@@ -40,8 +40,8 @@ from typing import Any  # noqa: E402
 import hydra  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
-from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
+from eval.config import ConfigError, to_typed_config  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -288,14 +288,14 @@ def run_eval(cfg: EvalConfig) -> Path:
 
     from eval.evaluate import ResumeError, evaluate
     from eval.report import SAMPLES_FILE, write_report
+    from models.registry import max_context
 
     t_start = time.monotonic()
     cfg, model_dir, tokenizer_dir = _model_and_tokenizer(cfg)
     problems, template = _problems_and_template(cfg, model_dir)
     model_cfg = cfg.model
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    model_len = json.loads((model_dir / "config.json").read_text()).get("max_position_embeddings", cfg.max_model_len)
-    max_model_len = min(cfg.max_model_len, int(model_len))
+    max_model_len = min(cfg.max_model_len, max_context(model_dir) or cfg.max_model_len)
     max_prompt_tokens = _max_prompt_tokens(problems, template, tokenizer, max_model_len)
     prompt_example = template.render("{question}", tokenizer)
 
@@ -380,13 +380,9 @@ def _log(line: str) -> None:
 
 def to_eval_config(cfg: DictConfig) -> EvalConfig:
     try:
-        typed = OmegaConf.to_object(cfg)
-    except OmegaConfBaseException as e:
+        return to_typed_config(cfg, EvalConfig, "eval/__main__.py")
+    except ConfigError as e:
         raise EvalError(f"config error: {e}") from None
-    except ValueError as e:  # a schema's __post_init__; the message names the key
-        raise EvalError(f"config error: {e}") from None
-    assert isinstance(typed, EvalConfig), type(typed)
-    return typed
 
 
 def model_path_overrides(argv: list[str]) -> list[str]:

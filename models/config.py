@@ -3,6 +3,23 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
+
+DTYPES = ("float32", "bfloat16", "float16")
+"""The dtypes a model trains, generates or scores in, by name (``torch.<name>``): the one table."""
+
+
+def check_dtype(name: str, key: str) -> None:
+    if name not in DTYPES:
+        raise ValueError(f"{key}={name!r}: expected {', '.join(DTYPES[:-1])} or {DTYPES[-1]}")
+
+
+def torch_dtype(name: str) -> Any:
+    """``torch.<name>`` for a name in DTYPES (torch is imported here, not by the config module)."""
+    import torch
+
+    check_dtype(name, "dtype")
+    return getattr(torch, name)
 
 
 class ModelSource(Enum):
@@ -72,8 +89,7 @@ class ModelConfig:
     """source=hf/gguf: the model's config.json shape fields (optional; source=tiny derives them)."""
 
     def __post_init__(self) -> None:
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"model.dtype={self.dtype!r}: expected float32, bfloat16 or float16")
+        check_dtype(self.dtype, "model.dtype")
         if self.source in (ModelSource.hf, ModelSource.gguf) and not self.path:
             raise ValueError(f"model.path is required when model.source={self.source.value} (model {self.name!r})")
         shape = self.shape

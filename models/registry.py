@@ -77,6 +77,14 @@ def find_packaged_file(spec: str, hint: str = "") -> Path:
     return path
 
 
+def max_context(model_dir: Path) -> int | None:
+    """The model's context length in tokens (``max_position_embeddings`` in its config.json), None if
+    the config does not say. The one place that reads it."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    value = config.get("max_position_embeddings") or config.get("text_config", {}).get("max_position_embeddings")
+    return int(value) if value else None
+
+
 def _from_hub(cfg: ModelConfig) -> Path:
     hint = cfg.hub_hint or "download it on a machine with hub access and pass model.path=/local/dir"
     if os.environ.get("HF_HUB_OFFLINE") == "1":

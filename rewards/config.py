@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from models.config import check_dtype
+
 
 class RewardKind(Enum):
     success = "success"
@@ -80,8 +82,7 @@ class RewardModelConfig:
             raise ValueError(f"reward.model.path={self.path!r}: unknown built-in; expected one of {BUILTIN_REWARD_MODELS}")
         if self.batch_size < 1:
             raise ValueError(f"reward.model.batch_size={self.batch_size}: must be >= 1")
-        if self.dtype not in ("float32", "bfloat16", "float16"):
-            raise ValueError(f"reward.model.dtype={self.dtype!r}: expected float32, bfloat16 or float16")
+        check_dtype(self.dtype, "reward.model.dtype")
 
 
 @dataclass

@@ -18,12 +18,15 @@ from __future__ import annotations
 
 import bisect
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import torch
 
+from models.config import torch_dtype
+from models.registry import max_context
 from rewards.config import Readout, RewardKind, RewardModelConfig
 from rewards.segment import Step
 
@@ -144,10 +147,6 @@ def _infer_readout(model_dir: Path, info: dict[str, Any]) -> Readout:
     if "CausalLM" in archs:
         return Readout.step_tag
     raise RewardModelError(f"{model_dir}: cannot tell the readout from architectures={archs!r}; set reward.model.readout")
-
-
-def _dtype(name: str) -> torch.dtype:
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
 def _log_odds(logits: torch.Tensor) -> torch.Tensor:
@@ -325,10 +324,10 @@ def load_reward_model(model_dir: Path, cfg: RewardModelConfig, kind: RewardKind,
     fmt = RMFormat(question_template=pick(cfg.question_template, "question_template", DEFAULT_QUESTION_TEMPLATE),
                    step_tag=step_tag if kind == RewardKind.prm else "")
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = auto_model_class(readout).from_pretrained(model_dir, dtype=_dtype(cfg.dtype)).to(device).eval()
+    model = auto_model_class(readout).from_pretrained(model_dir, dtype=torch_dtype(cfg.dtype)).to(device).eval()
     if model.config.pad_token_id is None:  # needed to pad batches (and for seq_cls pooling)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         model.config.pad_token_id = pad if pad is not None else 0
     reader = make_reader(model, readout, tokenizer, pick(cfg.good_token, "good_token", "+"), pick(cfg.bad_token, "bad_token", "-"))
-    max_length = cfg.max_length or getattr(model.config, "max_position_embeddings", 0) or 0
+    max_length = cfg.max_length or max_context(model_dir) or 0
     return RewardModel(model, tokenizer, reader, fmt, readout, info, cfg.batch_size, max_length, device)

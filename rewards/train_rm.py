@@ -177,13 +177,14 @@ def _register() -> None:
 
 def main() -> None:
     import hydra
-    from omegaconf import OmegaConf
+
+    from eval.config import to_typed_config
 
     _register()
 
     @hydra.main(config_path="../configs/rm", config_name="train_rm", version_base="1.3")
     def run(dict_cfg) -> None:
-        cfg: RMTrainConfig = OmegaConf.to_object(dict_cfg)
+        cfg = to_typed_config(dict_cfg, RMTrainConfig, "rewards/train_rm.py")
         out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
         if cfg.output_dir:
             info = train_reward_model(cfg, out)

@@ -26,7 +26,7 @@ import torch
 
 from eval.data import Problem, load_problems
 from eval.files import atomic_build_dir, atomic_write_text, is_complete
-from models.registry import cache_root, resolve_model_dir
+from models.registry import cache_root, max_context, resolve_model_dir
 from trainer.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from rewards.config import RewardKind
 from trainer.config import TrainConfig
@@ -88,8 +88,7 @@ def load_data(cfg: TrainConfig) -> tuple[list[Problem], list[Problem]]:
 
 def check_fits(cfg: TrainConfig, model_dir: Path) -> None:
     """Fail before any work if prompts + responses cannot fit the model's context."""
-    config = json.loads((model_dir / "config.json").read_text())
-    max_len = config.get("max_position_embeddings", 0)
+    max_len = max_context(model_dir)
     need = cfg.rollout.max_prompt_tokens + cfg.rollout.max_new_tokens
     if max_len and need > max_len:
         raise TrainingError(

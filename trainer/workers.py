@@ -33,9 +33,10 @@ from trainer import batch as B
 from trainer.advantages import masked_sum
 from trainer.config import PPOConfig, SFTConfig
 from trainer.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_clip_range, value_loss
+from models.config import DTYPES
 from models.schedule import build_lr_scheduler
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 
 
 class _Ranks:
