@@ -44,6 +44,14 @@ TOKENS_PER_MICROBATCH = 16384
 KV_BYTES_PER_DEVICE = 16 << 30
 """Heuristic: generation runs in waves (micro-batches) whose full-length bf16 KV cache fits this per GPU."""
 PLAN_FILE = "plan.yaml"
+PUBLIC_REWARD_MODEL_SHAPES = {
+    # Mistral-7B-v0.1's config.json shape; Math-Shepherd's PRM is that model fine-tuned (the PRM the
+    # reward paper recipes name). Lets the dry run plan calls.rew_inf without downloading it.
+    "peiyi9979/math-shepherd-mistral-7b-prm": ModelSpec(
+        num_layers=32, hidden_size=4096, intermediate_size=14336, num_heads=32, num_kv_heads=8, head_dim=128,
+        vocab_size=32000, tie_word_embeddings=False),
+}
+"""Hub id -> shape, for reward models whose config.json is not on this machine."""
 
 
 # ----------------------------------------------------------------------------------------------- shapes
@@ -105,6 +113,8 @@ def reward_spec(cfg: TrainConfig, reward_dir: Path | None = None) -> ModelSpec |
     cached = try_to_load_from_cache(path, "config.json")
     if isinstance(cached, str):
         return spec_from_config_json(Path(cached))
+    if path in PUBLIC_REWARD_MODEL_SHAPES:
+        return PUBLIC_REWARD_MODEL_SHAPES[path]
     raise PlanError(f"reward.model.path={path}: no config.json here to read its shape from (calls.rew_inf needs "
                     f"it); fetch it first, e.g. huggingface-cli download {path} config.json")
 

@@ -194,3 +194,13 @@ def test_model_config_shapes_agree_with_the_plan_searchs_named_shapes(model, nam
     from reallocation.shapes import named_spec
 
     assert model_spec(_cfg(f"model={model}").model) == named_spec(named)
+
+
+def test_a_public_prm_is_planned_from_its_known_shape_without_download():
+    cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-1.5b-instruct", "+reward=prm",
+               "reward.model.path=peiyi9979/math-shepherd-mistral-7b-prm")
+    specs = model_specs(cfg)
+    assert round(specs["reward"].num_params() / 1e9, 2) == 7.24  # Mistral-7B
+    rew = resolve_plan(cfg, specs).calls["rew_inf"]
+    # 14.5 GB of bf16 weights: tp 2 (6.7 GiB each; 32 heads and 8 kv heads split), dp 4, offloaded.
+    assert (rew.tp, rew.dp, rew.offload) == (2, 4, True)
