@@ -83,3 +83,12 @@ def test_train_py_dry_run_with_a_bad_plan_file_names_call_and_field(tmp_path):
     proc = _train_without_ray(tmp_path, "cluster=gpu_1x8", "model=qwen2.5-math-1.5b-instruct", f"cluster.plan={plan}")
     assert proc.returncode == 1
     assert f"plan error: {plan}: calls.actor_gen.tp=8 does not divide num_attention_heads=12" in proc.stderr
+
+
+def test_train_py_dry_run_says_when_search_finds_no_fitting_plan(tmp_path):
+    # Qwen2.5-Math-7B training on a single H100 cannot hold its Adam state (7.6e9 x 18 B = 127 GiB).
+    proc = _train_without_ray(tmp_path, "cluster=gpu_1x8", "cluster.devices_per_node=1", "cluster.plan=search",
+                              "cluster.plan_search_seconds=1", "model=qwen2.5-math-7b-instruct")
+    assert proc.returncode == 1
+    assert "plan error: cluster.plan=search: no allocation of" in proc.stderr
+    assert "Traceback" not in proc.stderr

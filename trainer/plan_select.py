@@ -266,12 +266,16 @@ def resolve_plan(cfg: TrainConfig, specs: dict[str, ModelSpec], *, run_dir: Path
         plan, where = disjoint_plan(cl, specs), "cluster.plan=disjoint"
     elif cl.plan == "search":
         from reallocation.estimator import hardware
-        from reallocation.search import search_plan
+        from reallocation.search import NoFitError, search_plan
 
         hw = hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
         if log:
             log(f"[plan] searching for {cl.plan_search_seconds:g} s ({cl.num_devices} x {cl.hardware})")
-        plan, _ = search_plan(workload(cfg, specs), hw, seconds=cl.plan_search_seconds, seed=cfg.run.seed)
+        try:
+            plan, _ = search_plan(workload(cfg, specs), hw, seconds=cl.plan_search_seconds, seed=cfg.run.seed)
+        except NoFitError as e:
+            raise PlanError(f"cluster.plan=search: {e}; cluster.plan=heuristic may fit (check it with "
+                            "run.dry_run=true)") from None
         where = "cluster.plan=search"
     else:
         plan = ExecutionPlan.load(cl.plan)
