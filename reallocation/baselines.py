@@ -54,10 +54,9 @@ def _best_knobs(call: str, devices: tuple[int, ...], pp: int, dp: int, tp: int, 
 
 def _adapt(call: str, devices: tuple[int, ...], pp: int, tp: int, w: Workload, hw: Hardware) -> CallAllocation:
     """ReaL's (pp, tp) on ``devices``, with pp and tp lowered until realm can run them."""
-    spec = w.spec(call)
-    while tp > 1 and (spec.num_heads % tp or (spec.num_kv_heads % tp and tp % spec.num_kv_heads)):
+    spec, size = w.spec(call), len(devices)
+    while tp > 1 and (tp > size or spec.num_heads % tp or (spec.num_kv_heads % tp and tp % spec.num_kv_heads)):
         tp //= 2
-    size = len(devices)
     pp = max(p for p in range(1, pp + 1) if spec.num_layers % p == 0 and (size // tp) % p == 0)
     return _best_knobs(call, devices, pp, size // (pp * tp), tp, w, hw)
 

@@ -46,7 +46,7 @@ def strategies(call: str, devices: tuple[int, ...], w: Workload, hw: Hardware, *
     """
     g = hw.gpus_per_node
     key = (call, len(devices), devices[0] // g == devices[-1] // g, devices[0] % g == 0, pp_one, tp)
-    cache = _STRATEGIES.setdefault((w, hw), {})
+    cache = _STRATEGIES.setdefault((w, hw, id(hw.profile)), {})  # Hardware's hash leaves the profile out
     if key not in cache:
         cache[key] = _strategies(call, devices, w, hw, pp_one, tp)
     return [a if a.devices == devices else CallAllocation(devices, a.pp, a.dp, a.tp, a.num_microbatches,
@@ -54,7 +54,7 @@ def strategies(call: str, devices: tuple[int, ...], w: Workload, hw: Hardware, *
             for a in cache[key]]
 
 
-_STRATEGIES: dict[tuple[Workload, Hardware], dict[tuple, list[CallAllocation]]] = {}
+_STRATEGIES: dict[tuple[Workload, Hardware, int], dict[tuple, list[CallAllocation]]] = {}
 
 
 def _strategies(call: str, devices: tuple[int, ...], w: Workload, hw: Hardware, pp_one: bool,

@@ -402,9 +402,13 @@ def _estimate(calls: tuple[tuple[str, CallAllocation], ...], w: Workload, hw: Ha
     return evaluator(w, hw).estimate(calls)
 
 
-@lru_cache(maxsize=8)
 def evaluator(w: Workload, hw: Hardware) -> Evaluator:
     """One shared ``Evaluator`` per workload and hardware, so its caches serve every caller."""
+    return _evaluator(w, hw, id(hw.profile))  # Hardware's hash leaves the profile out
+
+
+@lru_cache(maxsize=8)
+def _evaluator(w: Workload, hw: Hardware, profile_id: int) -> Evaluator:
     return Evaluator(w, hw)
 
 
@@ -436,6 +440,8 @@ class Evaluator:
         # hashing 128-device tuples dominated the search's time.
         hit = self._by_alloc.get((call, id(a)))
         if hit is None:
+            if len(self._by_alloc) > 1_000_000:  # bound the memory of long-lived processes
+                self._by_alloc.clear()
             hit = self._by_alloc[call, id(a)] = (a, self._facts_of_shape(call, a))
         return hit[1]
 

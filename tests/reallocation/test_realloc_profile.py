@@ -107,3 +107,13 @@ def test_cuda_profile(tmp_path):
     assert "bfloat16" in p.device and all(r["seconds"] > 0 for r in p.entries)
     spec = named_spec("qwen2.5-math-1.5b")
     assert p.seconds("train", spec, tokens=1024) > p.seconds("forward", spec, tokens=1024)
+
+
+def test_search_uses_the_profile_it_is_given():
+    from reallocation.search import search
+
+    w = Workload(TINY, TINY, None, batch=8, prompt_len=100, gen_len=4)
+    analytic = search(w, hardware("cpu", 1, 2), seconds_budget=1).cost
+    measured = search(w, hardware("cpu", 1, 2, hand_profile()), seconds_budget=1).cost
+    # Same workload and cluster shape, different cost source: the caches must not mix them.
+    assert measured.call_seconds["actor_train"] != pytest.approx(analytic.call_seconds["actor_train"])

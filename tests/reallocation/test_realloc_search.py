@@ -211,3 +211,14 @@ def test_cli_rejects_unknown_model(capsys):
     rc = main(["--actor", "nope", "--critic", "llama-2-7b", "--nodes", "1", "--gpus-per-node", "8",
                "--batch", "8", "--prompt-len", "8", "--gen-len", "8"])
     assert rc == 2 and "unknown model 'nope'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_70b_70b_on_128_gpus_within_120_seconds():
+    # The scale target: wall time on this 2-core machine (it depends on the machine's load;
+    # the search stops at its budget, the baselines and candidates come first).
+    w = Workload(named_spec("70b"), named_spec("70b"), named_spec("70b"), batch=512, prompt_len=128, gen_len=896)
+    report = search(w, hardware("a100-80g", 16, 8), seconds_budget=100, seed=0)
+    assert report.search_seconds <= 120 and report.cost.fits
+    fitting = [c.seconds_per_iteration for _, c in report.baselines.values() if c is not None and c.fits]
+    assert fitting and report.cost.seconds_per_iteration <= min(fitting) + 1e-9
