@@ -89,7 +89,8 @@ def test_generation_runs_in_waves_whose_kv_cache_fits_16_gib():
 @pytest.mark.parametrize("num_nodes, per_node", [(1, 1), (1, 3), (2, 3), (3, 2), (1, 6)])
 def test_heuristic_fits_odd_cluster_shapes(num_nodes, per_node):
     cfg = _cfg("model=qwen2.5-math-7b", "cluster=gpu_1x8", f"cluster.num_nodes={num_nodes}",
-               f"cluster.devices_per_node={per_node}", "+reward=prm")
+               f"cluster.devices_per_node={per_node}", "+reward=prm",
+               "reward.model.path=peiyi9979/math-shepherd-mistral-7b-prm")
     specs = model_specs(cfg)
     plan = resolve_plan(cfg, specs)  # validates
     assert plan.num_devices == num_nodes * per_node
