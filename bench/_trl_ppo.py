@@ -45,11 +45,10 @@ def main(spec_path: str, out_path: str) -> None:
     t_start = time.monotonic()
     import torch
     import transformers
+    import trl
     from datasets import Dataset
     from torch.utils.data import DataLoader
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer, TrainerCallback
-
-    import trl
     from trl.experimental.ppo import PPOConfig, PPOTrainer
     from trl.experimental.ppo import ppo_trainer as ppo_mod
 

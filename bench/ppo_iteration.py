@@ -172,6 +172,19 @@ def run_realm(cfg, run_dir: Path) -> dict:
             "load_avg_after": load_after, "iterations": realm_iterations(read_metrics(run_dir), rollouts)}
 
 
+def call_seconds(row: dict) -> dict[str, float]:
+    """Each model function call's duration from the plan runtime's ``call/<name>/start_s`` and
+    ``call/<name>/end_s`` (calls on disjoint devices overlap, so these need not add up)."""
+    out = {}
+    for key, start in row.items():
+        if key.startswith("call/") and key.endswith("/start_s"):
+            name = key[len("call/"):-len("/start_s")]
+            end = row.get(f"call/{name}/end_s")
+            if end is not None:
+                out[name] = end - start
+    return out
+
+
 def realm_iterations(rows: list[dict], rollouts: int) -> list[dict]:
     """Per-iteration phase times and token counts from ``metrics.jsonl`` rows.
 
@@ -189,6 +202,7 @@ def realm_iterations(rows: list[dict], rollouts: int) -> list[dict]:
             "tokens": round(row["response/length"] * rollouts),
             "tokens_per_s": row["throughput/tokens_per_s"], "response_length": row["response/length"],
             "rows": rollouts, "stopped_at_eos": round((1.0 - row["response/truncated"]) * rollouts),
+            "calls": call_seconds(row),
         })
     if not iterations:
         raise RuntimeError("metrics.jsonl has no timed iteration (rows without time/iteration only)")
@@ -261,7 +275,9 @@ def summarize(part: dict, phases: tuple[str, ...]) -> None:
     rows = part["iterations"]
     timed = rows[1:] or rows
     part["timed_iterations"] = [r["iteration"] for r in timed]
-    part["mean_s"] = {k: sum(r[k] for r in timed) / len(timed) for k in (*phases, "iteration_s")}
+    part["mean_s"] = {k: sum(r.get(k, 0.0) for r in timed) / len(timed) for k in (*phases, "iteration_s")}
+    calls = sorted({c for r in timed for c in r.get("calls", {})})
+    part["mean_call_s"] = {c: sum(r.get("calls", {}).get(c, 0.0) for r in timed) / len(timed) for c in calls}
     part["tokens"] = sum(r["tokens"] for r in timed)
     part["rows"] = sum(r["rows"] for r in timed)
     part["stopped_at_eos"] = sum(r["stopped_at_eos"] for r in timed)
@@ -287,6 +303,9 @@ def print_table(result: dict) -> None:
     print(f"| end-to-end tokens/s | {realm['tokens_per_s']:.1f} | {t} |")
     t = f"{trl['tokens'] / trl['rows']:.1f} ({trl['stopped_at_eos']}/{trl['rows']} at EOS)" if trl_ok else "-"
     print(f"| tokens per response | {realm['tokens'] / realm['rows']:.1f} ({realm['stopped_at_eos']}/{realm['rows']} at EOS) | {t} |")
+    if realm.get("mean_call_s"):
+        print("realm per call (s / iteration; calls on disjoint devices overlap): " + ", ".join(
+            f"{c} {v:.2f}" for c, v in sorted(realm["mean_call_s"].items(), key=lambda kv: -kv[1])))
     placement = result.get("placement")
     if placement:
         base = placement["baseline"]

@@ -32,6 +32,17 @@ def test_row_zero_is_the_before_training_eval_not_an_iteration():
     assert part["tokens_per_s"] == pytest.approx(80 / 4.5)
 
 
+def test_call_spans_become_per_call_seconds_and_missing_phases_count_zero():
+    row = {**_row(1, 5.0), "call/actor_gen/start_s": 0.5, "call/actor_gen/end_s": 1.5,
+           "call/ref_inf/start_s": 2.0, "call/ref_inf/end_s": 2.25, "call/critic_inf/start_s": 2.0}
+    del row["time/reward"]  # the plan runtime times reward scoring within inference
+    its = ppo_iteration.realm_iterations([row, {**row, "iteration": 2}], rollouts=8)
+    assert its[0]["calls"] == {"actor_gen": 1.0, "ref_inf": 0.25}  # critic_inf has no end: left out
+    part = {"iterations": its}
+    ppo_iteration.summarize(part, ppo_iteration.REALM_PHASES)
+    assert part["mean_s"]["reward"] == 0.0 and part["mean_call_s"] == {"actor_gen": 1.0, "ref_inf": 0.25}
+
+
 def test_no_timed_iteration_is_an_error():
     with pytest.raises(RuntimeError, match="no timed iteration"):
         ppo_iteration.realm_iterations([{"iteration": 0, "heldout/success": 0.0}], rollouts=4)
