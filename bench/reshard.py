@@ -129,7 +129,7 @@ def _worker(rank: int, world_size: int, store: str, args) -> None:
     torch.set_num_threads(1)  # 4 ranks share the machine's cores
     dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
     dtype = DTYPES[args.dtype]
-    spec = ModelSpec.from_hf_config(SMOLLM2_135M)
+    spec = ModelSpec.from_hf_config(SimpleNamespace(**{**vars(SMOLLM2_135M), "num_hidden_layers": args.num_layers}))
     shapes = spec.shapes()
     itemsize = dtype.itemsize
     t0 = time.perf_counter()
@@ -272,6 +272,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--repeats", type=int, default=3, help="best of N wall times (after one warm-up)")
     parser.add_argument("--pairs", nargs="*", help="subset of pair names")
+    parser.add_argument("--num-layers", type=int, default=SMOLLM2_135M.num_hidden_layers,
+                        help="fewer layers for a quick check (the smoke test)")
     parser.add_argument("--rss-slack-mb", type=float, default=8.0, help="allocator slack allowed over the bound")
     args = parser.parse_args(argv)
     args.bucket_bytes = int(args.bucket_mb * 2**20)
