@@ -24,8 +24,8 @@ full on one rank, broadcast it, slice), kept for comparison and as a reference.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Iterator, Mapping
 
 import torch
 
@@ -145,7 +145,7 @@ def iter_reshard(
     dtype: DTypes,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     group_bytes: int | None = None,
-    group: "torch.distributed.ProcessGroup | None" = None,
+    group: torch.distributed.ProcessGroup | None = None,
     rank: int | None = None,
     device: torch.device | str | None = None,
     out: Mapping[str, torch.Tensor] | None = None,
@@ -196,38 +196,44 @@ def iter_reshard(
         buf = torch.empty(size, dtype=torch.uint8, device=device) if size else None
         stats.peak_buffer_bytes = max(stats.peak_buffer_bytes, size)
         for ops, _ in rounds:
-            if not ops:
-                continue
-            t0 = time.perf_counter()
-            p2p = []
-            for op in ops:
-                tensor = op.local if op.staged_at is None else _staged_view(buf, op)
-                if op.send and op.staged_at is not None:
-                    tensor.copy_(op.local)  # gather a strided slice and/or cast to the wire dtype
-                p2p.append(dist.P2POp(dist.isend if op.send else dist.irecv, tensor, op.peer, group, tag=op.tag))
-                nbytes = op.local.numel() * op.wire_dtype.itemsize
-                if op.send:
-                    stats.bytes_sent += nbytes
-                else:
-                    stats.bytes_received += nbytes
-                if op.staged_at is not None:
-                    stats.bytes_staged += nbytes
-            t1 = time.perf_counter()
-            for req in dist.batch_isend_irecv(p2p):
-                req.wait()
-            t2 = time.perf_counter()
-            for op in ops:
-                if not op.send and op.staged_at is not None:
-                    op.local.copy_(_staged_view(buf, op))
-            stats.add_time("post_s", t1 - t0)
-            stats.add_time("wait_s", t2 - t1)
-            stats.add_time("unpack_s", time.perf_counter() - t2)
-            stats.num_messages += len(p2p)
+            if ops:
+                _run_round(ops, buf, group, stats)
         del buf, rounds
         stats.seconds += time.perf_counter() - start
         yield from dst_shards.items()
         start = time.perf_counter()
     stats.seconds += time.perf_counter() - start
+
+
+def _run_round(ops: list[_Op], buf: torch.Tensor | None, group, stats: ReshardStats) -> None:
+    """One round of the schedule: stage and post every send and receive, wait, unpack the staged ones."""
+    import torch.distributed as dist
+
+    t0 = time.perf_counter()
+    p2p = []
+    for op in ops:
+        tensor = op.local if op.staged_at is None else _staged_view(buf, op)
+        if op.send and op.staged_at is not None:
+            tensor.copy_(op.local)  # gather a strided slice and/or cast to the wire dtype
+        p2p.append(dist.P2POp(dist.isend if op.send else dist.irecv, tensor, op.peer, group, tag=op.tag))
+        nbytes = op.local.numel() * op.wire_dtype.itemsize
+        if op.send:
+            stats.bytes_sent += nbytes
+        else:
+            stats.bytes_received += nbytes
+        if op.staged_at is not None:
+            stats.bytes_staged += nbytes
+    t1 = time.perf_counter()
+    for req in dist.batch_isend_irecv(p2p):
+        req.wait()
+    t2 = time.perf_counter()
+    for op in ops:
+        if not op.send and op.staged_at is not None:
+            op.local.copy_(_staged_view(buf, op))
+    stats.add_time("post_s", t1 - t0)
+    stats.add_time("wait_s", t2 - t1)
+    stats.add_time("unpack_s", time.perf_counter() - t2)
+    stats.num_messages += len(p2p)
 
 
 def reshard(plan: Plan, src_shards: Mapping[str, torch.Tensor], **kwargs) -> tuple[dict[str, torch.Tensor], ReshardStats]:
@@ -289,8 +295,8 @@ def reshard_gather_broadcast(
     dtype: DTypes,
     bucket_bytes: int = DEFAULT_BUCKET_BYTES,
     root: int = 0,
-    group: "torch.distributed.ProcessGroup | None" = None,
-    broadcast_group: "torch.distributed.ProcessGroup | None" = None,
+    group: torch.distributed.ProcessGroup | None = None,
+    broadcast_group: torch.distributed.ProcessGroup | None = None,
     rank: int | None = None,
     stats: ReshardStats | None = None,
 ) -> dict[str, torch.Tensor]:

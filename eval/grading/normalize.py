@@ -578,22 +578,40 @@ def _inequality(s: str, parts: list[str]) -> Node:
 
 
 def _parse(s: str, depth: int) -> Node:
+    """The structure of an answer: the first reading below that applies, in this order, else an atom."""
     s = s.strip().rstrip(".,;:").strip()
     if depth > MAX_DEPTH or not s:
         return Raw(s)
+    for reading in (_as_number, _as_union, _as_items, _as_equation, _as_comparison, _as_matrix, _as_named_set,
+                    _as_bracketed):
+        node = reading(s, depth)
+        if node is not None:
+            return node
+    return _atom(s)
+
+
+def _as_number(s: str, depth: int) -> Node | None:
+    """`1,000` / `x = 1,000` (thousands separators), or what follows a leading `x \\in`."""
     m = _THOUSANDS_RE.match(_LABEL_PREFIX_RE.sub("", s, count=1))
     if m is not None:
         return Scalar(canon_scalar(m.group(1) + m.group(2).replace(",", "") + (m.group(3) or "")))
     m = _IN_RE.match(s)
     if m is not None and s[m.end() :].strip():
         return _parse(s[m.end() :], depth + 1)
+    return None
 
+
+def _as_union(s: str, depth: int) -> Node | None:
     parts = split_top(s, _CUP_RE)
-    if len(parts) > 1:
-        if len(parts) > MAX_ITEMS:
-            return Raw(s)
-        return Union(tuple(_parse(p, depth + 1) for p in parts))
+    if len(parts) <= 1:
+        return None
+    if len(parts) > MAX_ITEMS:
+        return Raw(s)
+    return Union(tuple(_parse(p, depth + 1) for p in parts))
 
+
+def _as_items(s: str, depth: int) -> Node | None:
+    """Answers joined by commas / `and` / `or`: items, a union of intervals, or an intersection."""
     parts = split_top(s, _CONNECTOR_RE)
     nonempty = [p for p in parts if p.strip()]
     if len(nonempty) > 1:
@@ -609,70 +627,86 @@ def _parse(s: str, depth: int) -> Node:
         return Items(items)
     if len(nonempty) == 1 and len(parts) > 1:
         return _parse(nonempty[0], depth + 1)
+    return None
 
+
+def _as_equation(s: str, depth: int) -> Node | None:
     parts = split_top(s, _EQ_RE)
-    if len(parts) > 1:
-        lhs, rhs = parts[0].strip(), parts[-1].strip()
-        if _is_label(lhs) and rhs:
-            return Assignment(canon_scalar(lhs), _parse(rhs, depth + 1))
-        if len(parts) == 2 and _is_label(rhs) and lhs and not _has_variable(lhs):
-            return Assignment(canon_scalar(rhs), _parse(lhs, depth + 1))
-        if len(parts) > 2 or (rhs and not _has_variable(lhs + rhs)):
-            # `2 + 3 = 5`, `a = b = 5`: a computation ending in its value.
-            return _parse(rhs, depth + 1)
-        if len(parts) == 2 and lhs and rhs:
-            return Equation(canon_scalar(lhs), canon_scalar(rhs))
-        return Raw(canon_scalar(s))
+    if len(parts) <= 1:
+        return None
+    lhs, rhs = parts[0].strip(), parts[-1].strip()
+    if _is_label(lhs) and rhs:
+        return Assignment(canon_scalar(lhs), _parse(rhs, depth + 1))
+    if len(parts) == 2 and _is_label(rhs) and lhs and not _has_variable(lhs):
+        return Assignment(canon_scalar(rhs), _parse(lhs, depth + 1))
+    if len(parts) > 2 or (rhs and not _has_variable(lhs + rhs)):
+        # `2 + 3 = 5`, `a = b = 5`: a computation ending in its value.
+        return _parse(rhs, depth + 1)
+    if len(parts) == 2 and lhs and rhs:
+        return Equation(canon_scalar(lhs), canon_scalar(rhs))
+    return Raw(canon_scalar(s))
 
+
+def _as_comparison(s: str, depth: int) -> Node | None:
     parts = split_top(s, _COMPARE_RE)
-    if len(parts) > 1:
-        # split_top drops the separators; recover them for the chain.
-        ops = [m.group(1) for m in _top_matches(s, _COMPARE_RE)]
-        chain = []
-        for k, term in enumerate(parts):
-            chain.append(term)
-            if k < len(ops):
-                chain.append(ops[k])
-        return _inequality(s, chain)
+    if len(parts) <= 1:
+        return None
+    # split_top drops the separators; recover them for the chain.
+    ops = [m.group(1) for m in _top_matches(s, _COMPARE_RE)]
+    chain = []
+    for k, term in enumerate(parts):
+        chain.append(term)
+        if k < len(ops):
+            chain.append(ops[k])
+    return _inequality(s, chain)
 
+
+def _as_matrix(s: str, depth: int) -> Node | None:
     m = _MATRIX_RE.match(s)
-    if m is not None:
-        rows = [r for r in m.group(2).split(ROW_SEP) if r.strip() and r.strip() != "\\hline"]
-        if not rows or len(rows) > MAX_ITEMS:
-            return Raw(s)
-        cells = tuple(tuple(_parse(c, depth + 1) for c in split_top(r, re.compile("&"))) for r in rows)
-        return Matrix(cells)
+    if m is None:
+        return None
+    rows = [r for r in m.group(2).split(ROW_SEP) if r.strip() and r.strip() != "\\hline"]
+    if not rows or len(rows) > MAX_ITEMS:
+        return Raw(s)
+    return Matrix(tuple(tuple(_parse(c, depth + 1) for c in split_top(r, re.compile("&"))) for r in rows))
 
+
+def _as_named_set(s: str, depth: int) -> Node | None:
     if s in ("\\emptyset", "\\{\\}"):
         return SetOf(())
     if s == "\\mathbbR" or re.match(r"^(?:all\s+)?real\s+numbers$|^all\s+reals$", s, re.IGNORECASE):
         return Seq((_NEG_INF, _INF), "(", ")")
+    return None
 
+
+def _as_bracketed(s: str, depth: int) -> Node | None:
+    """A set `\\{...\\}` (or set-builder), a tuple or interval, `\\langle...\\rangle`, or redundant brackets."""
     w = _wrapped(s)
-    if w is not None:
-        left, inner, right = w
-        if left == "\\{" and right == "\\}":
-            builder = split_top(inner, _SET_BUILDER_RE)
-            if len(builder) > 1:
-                # {x | x <= 2}: the set its condition describes.
-                return _parse(builder[-1], depth + 1)
-            items = split_top(inner, _COMMA_RE)
-            return SetOf(_flatten(_parse(p, depth + 1) for p in items if p.strip()))
-        if left == "\\langle" and right == "\\rangle":
-            items = split_top(inner, _COMMA_RE)
-            return Seq(tuple(_parse(p, depth + 1) for p in items), "(", ")")
-        if left in "([" and right in ")]":
-            items = split_top(inner, _COMMA_RE)
-            if len(items) > 1:
-                if len(items) > MAX_ITEMS:
-                    return Raw(s)
-                return Seq(tuple(_parse(p, depth + 1) for p in items), left, right)
-            if left + right in ("()", "[]"):
-                # Redundant brackets; `(C)` comes out as the choice C.
-                return _parse(inner, depth + 1)
-        if left == "{" and right == "}":
+    if w is None:
+        return None
+    left, inner, right = w
+    if left == "\\{" and right == "\\}":
+        builder = split_top(inner, _SET_BUILDER_RE)
+        if len(builder) > 1:
+            # {x | x <= 2}: the set its condition describes.
+            return _parse(builder[-1], depth + 1)
+        items = split_top(inner, _COMMA_RE)
+        return SetOf(_flatten(_parse(p, depth + 1) for p in items if p.strip()))
+    if left == "\\langle" and right == "\\rangle":
+        items = split_top(inner, _COMMA_RE)
+        return Seq(tuple(_parse(p, depth + 1) for p in items), "(", ")")
+    if left in "([" and right in ")]":
+        items = split_top(inner, _COMMA_RE)
+        if len(items) > 1:
+            if len(items) > MAX_ITEMS:
+                return Raw(s)
+            return Seq(tuple(_parse(p, depth + 1) for p in items), left, right)
+        if left + right in ("()", "[]"):
+            # Redundant brackets; `(C)` comes out as the choice C.
             return _parse(inner, depth + 1)
-    return _atom(s)
+    if left == "{" and right == "}":
+        return _parse(inner, depth + 1)
+    return None
 
 
 def _top_matches(s: str, sep: re.Pattern) -> list[re.Match]:
