@@ -15,8 +15,8 @@ twice. Logprobs are the model's raw log-probabilities of each sampled token (vLL
 ``log_softmax(logits)``.
 
 ``vllm`` is imported lazily in ``VLLMEngine.__init__``: importing this module costs nothing and
-works on machines without vLLM (e.g. to use ``Completion``). The environment defaults below are
-set at import time because vLLM reads most of them when it is first imported.
+works on machines without vLLM (e.g. to use ``Completion``). The environment defaults
+(``reallocation/env.py``) are set at import time because vLLM reads most of them when it is first imported.
 """
 from __future__ import annotations
 
@@ -29,21 +29,9 @@ from typing import Any
 
 import torch
 
-# setdefault: a user's explicit setting always wins.
-_ENV_DEFAULTS = {
-    # In-process engine: 2 s instead of ~15 s to start on CPU, and no spawned process (no sockets,
-    # no pickling of weights for load_weights). Set it to 1 for multi-GPU tensor parallelism.
-    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    # KV cache size in GiB on CPU; vLLM's default (4 GiB) is too much for 2-core CI machines.
-    "VLLM_CPU_KVCACHE_SPACE": "1",
-    # load_weights ships a Python function to the workers with collective_rpc.
-    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-    "VLLM_NO_USAGE_STATS": "1",
-    "DO_NOT_TRACK": "1",
-    "VLLM_HOST_IP": "127.0.0.1",
-}
-for _k, _v in _ENV_DEFAULTS.items():
-    os.environ.setdefault(_k, _v)
+from reallocation.env import apply_defaults
+
+apply_defaults()  # vLLM reads most of its settings when it is first imported
 
 FINISH_REASONS = ("stop", "length")
 
@@ -187,6 +175,8 @@ class VLLMEngine:
                 os.environ["VLLM_CPU_KVCACHE_SPACE"] = previous_kv
         self.tokenizer = self.llm.get_tokenizer()
         self.seed = seed
+        self.sleep_mode = bool(llm_kwargs.get("enable_sleep_mode")) and on_gpu
+        self.asleep = False
         self.info = EngineInfo(
             model_dir=str(model_dir),
             tokenizer_dir=str(tokenizer_dir),
@@ -239,6 +229,7 @@ class VLLMEngine:
             raise ValueError(f"n={n}: need at least one completion per prompt")
         if not prompts:
             return []
+        self.wake_up()
         greedy = temperature <= 0
         base_seed = self.seed if seed is None else seed
         token_prompts = self._token_prompts(prompts)
@@ -311,6 +302,7 @@ class VLLMEngine:
         nothing keep their weights, so the usual call is the whole state dict. The prefix cache is
         cleared afterwards (cached KV entries were computed with the old weights).
         """
+        self.wake_up()
         pairs: Iterable[tuple[str, torch.Tensor]] = weights.items() if isinstance(weights, Mapping) else weights
         if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
             # The engine runs in another process: arguments are serialized, so no lazy iterators.
@@ -321,6 +313,26 @@ class VLLMEngine:
 
     reload_weights = load_weights
     """Alias: ``reallocation.sync`` documents ``engine.reload_weights(weights)``."""
+
+    # -- sharing the GPU with training (vLLM sleep mode; GPU only) --------------------------------
+
+    def sleep(self) -> bool:
+        """Free the engine's GPU memory between generations: the KV cache is dropped and the weights
+        move to CPU (vLLM's ``sleep(level=1)``), so that training on the same GPU can use it.
+
+        Only with ``enable_sleep_mode=True`` on a GPU (vLLM refuses sleep mode on CPU, where memory
+        is shared anyway); returns whether the engine is now asleep.
+        """
+        if self.sleep_mode and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+        return self.asleep
+
+    def wake_up(self) -> None:
+        """Take the memory back (weights and KV cache) before generating or loading weights."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
 
     def close(self) -> None:
         """Free the engine (and its KV cache) before building another one in the same process."""

@@ -4,10 +4,8 @@
 # pytest's exit code 5 (no tests collected) is a failure here, not a pass.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export RAY_AUTH_MODE=disabled RAY_USAGE_STATS_ENABLED=0 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1 \
-  VLLM_ENABLE_V1_MULTIPROCESSING=0 VLLM_CPU_KVCACHE_SPACE=1 VLLM_HOST_IP=127.0.0.1 \
-  HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-  MASTER_ADDR=127.0.0.1 GLOO_SOCKET_IFNAME=lo TOKENIZERS_PARALLELISM=false
+# The environment defaults live in one place, reallocation/env.py (tests/conftest.py applies them too).
+eval "$(.venv/bin/python -m reallocation.env)"
 export REALM_CACHE_DIR="${REALM_CACHE_DIR:-$PWD/.cache/realm-test}"
 cmd=(.venv/bin/python -m pytest -p no:cacheprovider "$@")
 if [ "${REALM_NO_NETNS:-0}" != "1" ] && command -v unshare >/dev/null && unshare -n true 2>/dev/null; then

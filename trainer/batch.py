@@ -19,13 +19,15 @@ values             [B, T]    V_old(s_t) at rollout time (critic update)
 returns            [B, T]    GAE returns, the critic's targets (critic update)
 =================  ========  ===================================================================
 
-Data parallelism: the caller gives each rank an equal row slice of the global batch. Every rank
-shuffles its slice with the same seeded generator and cuts it into ``num_minibatches``; global
-minibatch m is the union of the ranks' m-th minibatches.
+Data parallelism: inference calls give each rank an equal row slice of the global batch. A PPO
+update orders the rows first (``update_rows``): the global batch is shuffled once per epoch and
+cut into ``num_minibatches`` global minibatches, and each of those into one equal share per rank.
+Rank r receives its shares in (epoch, minibatch) order and steps through them, so the minibatches
+(and so the optimization) are the same whatever the number of ranks.
 """
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 from torch import Tensor
@@ -61,3 +63,37 @@ def minibatch_rows(num_rows: int, num_minibatches: int, generator: torch.Generat
             "use more prompts/samples per iteration or fewer minibatches"
         )
     return list(torch.randperm(num_rows, generator=generator).tensor_split(num_minibatches))
+
+
+def update_rows(
+    num_rows: int, num_epochs: int, num_minibatches: int, num_ranks: int, seed: int
+) -> tuple[list[Tensor], list[list[int]]]:
+    """The rows each rank trains on in one PPO update, and the size of each of its parts.
+
+    Epoch e shuffles ``range(num_rows)`` (generator seeded with ``seed + e``), cuts it into
+    ``num_minibatches`` near-equal global minibatches, and each minibatch into ``num_ranks``
+    near-equal shares. Returns ``rows[r]`` (about num_epochs * num_rows / num_ranks row ids: rank
+    r's shares concatenated in (epoch, minibatch) order) and ``part_sizes[r]`` (the size of each
+    share; every rank steps through num_epochs * num_minibatches parts). Example: 8 rows, 1 epoch,
+    2 minibatches, 2 ranks: a permutation [5 1 7 0 | 2 6 4 3] gives rank 0 rows [5 1 2 6] and rank
+    1 rows [7 0 4 3], parts [2, 2] each.
+    """
+    if num_rows < num_minibatches * num_ranks:
+        raise ValueError(
+            f"{num_rows} rows cannot make ppo.num_minibatches={num_minibatches} minibatches over {num_ranks} "
+            "data-parallel ranks: use more prompts/samples per iteration or fewer minibatches/ranks"
+        )
+    per_rank: list[list[Tensor]] = [[] for _ in range(num_ranks)]
+    sizes: list[list[int]] = [[] for _ in range(num_ranks)]
+    for epoch in range(num_epochs):
+        generator = torch.Generator().manual_seed(seed + epoch)
+        for minibatch in torch.randperm(num_rows, generator=generator).tensor_split(num_minibatches):
+            for rank, share in enumerate(minibatch.tensor_split(num_ranks)):
+                per_rank[rank].append(share)
+                sizes[rank].append(len(share))
+    return [torch.cat(parts) for parts in per_rank], sizes
+
+
+def update_seed(seed: int, num_updates: int) -> int:
+    """The ``update_rows`` seed of a model's ``num_updates``-th update (resumed runs shuffle the same way)."""
+    return seed * 1_000_003 + num_updates * 1_009

@@ -1,15 +1,12 @@
-"""train(): the PPO loop, composed from workers placed by Ray.
+"""train(): the PPO loop of DESIGN.md §3 on an execution plan deployed by ``trainer/runtime.py``.
 
-One iteration::
+One iteration (``run_iteration``), each step a function below::
 
-    problems = iteration_problems(train, it)                        # seeded order, resumable
-    completions = engine.generate(prompts, n)                       # vLLM, generation layout
-    rewards = reward_fn(samples)                                    # success + alpha * refined ORM/PRM on tokens
-    old, ref, values = policy/ref/critic forward                    # training layout (FSDP2)
-    scores -> kl_shaped_rewards -> gae -> whiten                    # trainer/advantages.py
-    policy.update(batch); critic.update(batch)                      # PPO epochs x minibatches
-    engine.load_weights(sync(policy))                               # reallocation: training -> generation layout
-    metrics, eval every N, checkpoint every N
+    rollouts = generate(run, it)            # actor_gen: vLLM replicas on the plan's generation devices
+    batch, scored = score(run, rollouts)    # rew_inf + old/ref logprobs + critic values, concurrent
+    adv = advantages(run, batch, scored)    # trainer/advantages.compute_advantages (KL-shaped GAE)
+    stats = update(run, batch, ...)         # actor_train + critic_train, concurrent; then reallocation
+    metrics(...), eval every N, checkpoint every N, timeline.png of the iteration
 """
 from __future__ import annotations
 
@@ -18,7 +15,7 @@ import json
 import math
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +24,9 @@ import torch
 from eval.data import Problem, load_problems
 from eval.files import atomic_build_dir, atomic_write_text, is_complete
 from models.registry import cache_root, max_context, resolve_model_dir
-from trainer.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from rewards.config import RewardKind
+from trainer.advantages import explained_variance, masked_mean
+from trainer.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from trainer.config import TrainConfig
 from trainer.metrics import MetricsWriter, Progress, plot_curves
 from trainer.rollout import Rollout, iteration_problems, pad_batch, prompt_ids, prompt_text, rollout_template
@@ -40,37 +38,6 @@ class TrainingError(RuntimeError):
 
 def _log(msg: str) -> None:
     print(msg, flush=True)
-
-
-def _split(batch: dict[str, torch.Tensor], num_parts: int) -> list[dict[str, torch.Tensor]]:
-    """Row slices of a batch, one per data-parallel rank (rows must divide evenly)."""
-    num_rows = next(iter(batch.values())).shape[0]
-    if num_rows % num_parts:
-        raise TrainingError(f"batch of {num_rows} rows does not split over {num_parts} ranks")
-    size = num_rows // num_parts
-    return [{k: v[i * size : (i + 1) * size] for k, v in batch.items()} for i in range(num_parts)]
-
-
-def _data_parallel(group, method: str, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    parts = group.call_each(method, [(p,) for p in _split(batch, group.num_ranks)])
-    return torch.cat(parts, dim=0)
-
-
-class RewardWorker:
-    """Holds the reward function (grader pool, ORM/PRM) next to its models."""
-
-    def __init__(self, reward_cfg, tokenizer_dir: str):
-        from transformers import AutoTokenizer
-
-        from rewards.build import build_reward_fn
-
-        self.fn = build_reward_fn(reward_cfg, AutoTokenizer.from_pretrained(tokenizer_dir))
-
-    def score(self, samples):
-        return self.fn(samples)
-
-    def set_eta(self, eta: float) -> None:
-        self.fn.set_eta(eta)
 
 
 def load_data(cfg: TrainConfig) -> tuple[list[Problem], list[Problem]]:
@@ -137,15 +104,50 @@ def resolve_reward_model_dir(cfg: TrainConfig) -> Path | None:
         raise TrainingError(str(e)) from None
 
 
+
+
+def execution_plan(cfg: TrainConfig, policy_dir: Path, reward_dir: Path | None, run_dir: Path) -> Any:
+    """The run's plan (``trainer.plan_select.resolve_plan``: heuristic, search, disjoint or a file),
+    checked against the cluster and the models and written to ``run_dir/plan.yaml``."""
+    from reallocation.execution_plan import PlanError
+    from trainer.plan_select import model_specs, resolve_plan
+
+    critic_dir = policy_dir if cfg.critic.from_policy else None
+    try:
+        specs = model_specs(cfg, actor_dir=policy_dir, critic_dir=critic_dir, reward_dir=reward_dir)
+        return resolve_plan(cfg, specs, run_dir=run_dir, log=_log)
+    except PlanError as e:
+        raise TrainingError(str(e)) from None
+
+
+@dataclass
+class Run:
+    """What the iterations share: config, data, tokenizer, the deployed plan and the run's state."""
+
+    cfg: TrainConfig
+    run_dir: Path
+    tokenizer: Any
+    train_problems: list[Problem]
+    heldout: list[Problem]
+    prompts: dict[str, str]
+    prompt_tokens: dict[str, list[int]]
+    runtime: Any
+    kl_ctl: Any
+    writer: Any = None
+    reward_eta: float | None = None
+    before: float = 0.0
+    last_eval: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ckpt_root(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+
 def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
     from reallocation.ray_workers import RayCluster
-    from trainer import advantages as adv
     from trainer.kl import make_kl_controller
-    from trainer.workers import CriticWorker, PolicyWorker, RefWorker
-    from models.vllm_engine import VLLMEngine
-    from rewards.build import RewardSample
 
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.run.seed)
@@ -156,212 +158,255 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
     r = cfg.rollout
     prompts = {p.id: prompt_text(tokenizer, p.question, r.system_prompt, r.prompt_suffix) for p in train_problems + heldout}
     prompt_tokens = {pid: prompt_ids(tokenizer, text, r.max_prompt_tokens, f"problem {pid}") for pid, text in prompts.items()}
-
-    resolve_reward_model_dir(cfg)
+    reward_dir = resolve_reward_model_dir(cfg)
     cl = cfg.cluster
-    num_gpus = cl.devices_per_node if cl.uses_gpus and not cl.address else 0
-    cluster = RayCluster.start(cl.address, cl.num_cpus, num_gpus=num_gpus)
-    writer = None
+    cluster = RayCluster.start(cl.address, cl.num_cpus, num_gpus=cl.devices_per_node if cl.uses_gpus and not cl.address else 0,
+                               num_cpu_devices=0 if cl.uses_gpus else cl.num_devices)
+    run = None
     try:
         policy_dir = warm_start(cfg, base_dir, train_problems)
-        gpu = 1.0 if cl.backend == "nccl" else 0.0
-        common = dict(backend=cl.backend, dtype=cfg.model.dtype, seed=cfg.run.seed)
-        # One rank per role until the plan runtime deploys cfg.cluster.plan (issue 15).
-        num_ranks, num_engines, gen_tp_size = 1, 1, 1
-        policy = cluster.group(PolicyWorker, num_ranks, dict(model_dir=str(policy_dir), ppo=cfg.ppo,
-                               num_iterations=cfg.run.num_iterations, temperature=r.temperature, **common),
-                               name="policy", num_gpus=gpu)
-        critic_dir = policy_dir if cfg.critic.from_policy else resolve_model_dir(cfg.critic.model)
-        critic = cluster.group(CriticWorker, num_ranks, dict(model_dir=str(critic_dir), ppo=cfg.ppo,
-                               num_iterations=cfg.run.num_iterations, **common), name="critic", num_gpus=gpu)
-        ref = cluster.group(RefWorker, 1, dict(model_dir=str(policy_dir), temperature=r.temperature, **common),
-                            name="ref", num_gpus=gpu)
-        engine = cluster.group(
-            VLLMEngine, num_engines,
-            dict(model_dir=str(policy_dir), dtype=cfg.model.dtype, seed=cfg.run.seed,
-                 max_model_len=r.max_prompt_tokens + r.max_new_tokens, tensor_parallel_size=gen_tp_size),
-            name="engine", distributed=False, num_gpus=float(gen_tp_size) if gpu else 0.0,
-        )
-        reward = cluster.group(RewardWorker, 1, dict(reward_cfg=cfg.reward, tokenizer_dir=str(policy_dir)),
-                               name="reward", distributed=False)
-
-        def generate(ids: list[list[int]], n: int, temperature: float, seed: int):
-            # Engine replicas split the prompts (data-parallel generation).
-            num = len(engine.actors)
-            chunks = [ids[i::num] for i in range(num)]
-            outs = engine.call_each("generate", [(c,) for c in chunks], n=n, temperature=temperature,
-                                    top_p=r.top_p if temperature > 0 else 1.0, max_new_tokens=r.max_new_tokens, seed=seed)
-            merged: list = [None] * len(ids)
-            for i, out in enumerate(outs):
-                merged[i::num] = out
-            return merged
-
-        def sync_weights() -> None:
-            full = [s for s in policy.call("state_dict_for_sync") if s is not None][0]
-            engine.call("load_weights", full)
-
-        template = rollout_template(r.system_prompt, r.prompt_suffix)
-
-        def generate_text(texts: list[str], *, n: int, temperature: float, top_p: float, max_new_tokens: int,
-                          seed: int, **_: Any):
-            ids = [tokenizer(t, add_special_tokens=False).input_ids for t in texts]
-            return generate(ids, n=n, temperature=temperature, seed=seed)
-
-        def heldout_success(seed: int) -> dict[str, float]:
-            """Greedy (and, if asked, sampled) success on the held-out set through eval.evaluate."""
-            from eval.evaluate import evaluate
-
-            greedy = evaluate(generate_text, heldout, template, tokenizer=tokenizer, temperature=0.0,
-                              max_new_tokens=r.max_new_tokens, seed=seed, log=None).summary
-            out = {"heldout/success": greedy["accuracy"]["mean"], "heldout/length": greedy["length"]["mean"]}
-            if cfg.run.num_heldout_samples > 0:
-                sampled = evaluate(generate_text, heldout, template, tokenizer=tokenizer,
-                                   num_samples=cfg.run.num_heldout_samples, temperature=r.temperature, top_p=r.top_p,
-                                   max_new_tokens=r.max_new_tokens, seed=seed, log=None).summary
-                out["heldout/sampled_success"] = sampled["accuracy"]["mean"]
-            return out
-
-        ckpt_root = run_dir / "checkpoints"
-        ckpt = latest_checkpoint(ckpt_root) if cfg.run.resume else None
-        kl_ctl = make_kl_controller(cfg.ppo)
-        if ckpt is not None:
-            state = load_state(ckpt)
-            policy.call("load_checkpoint", str(ckpt / "policy"))
-            critic.call("load_checkpoint", str(ckpt / "critic"))
-            kl_ctl.load_state_dict(state["kl"])
-            reward_eta = state.get("reward_eta")
-            if reward_eta is not None and cfg.reward.eta_zero_fraction is not None:
-                # A calibrated Clip threshold stays what the first rollouts made it, not the resumed policy's.
-                reward.call("set_eta", reward_eta)
-            sync_weights()
-            start = state["iteration"]
-            before = state["heldout_before"]
-            _log(f"[resume] from {ckpt} at iteration {start}")
-        else:
-            start, reward_eta = 0, None
-            before = heldout_success(cfg.run.seed)["heldout/success"]
-            _log(f"[eval] held-out success before training: {before:.3f} ({len(heldout)} problems)")
-        writer = MetricsWriter(run_dir, resume_from_iteration=start if ckpt else None)
-        if ckpt is None:
-            writer.log(0, {"heldout/success": before})
+        plan = execution_plan(cfg, policy_dir, reward_dir, run_dir)
+        runtime = deploy(cfg, cluster, plan, policy_dir)
+        run = Run(cfg, run_dir, tokenizer, train_problems, heldout, prompts, prompt_tokens, runtime,
+                  make_kl_controller(cfg.ppo))
+        atomic_write_text(run_dir / "placement.json", json.dumps(runtime.placement(), indent=2))
+        start = resume_or_begin(run)
         progress = Progress(cfg.run.num_iterations, start)
-        last_eval: dict[str, float] = {"heldout/success": before}
-
         for it in range(start, cfg.run.num_iterations):
-            t_iter = time.monotonic()
-            times: dict[str, float] = {}
-            problems = iteration_problems(train_problems, it, r.num_prompts, cfg.run.seed)
-            t = time.monotonic()
-            outs = generate([prompt_tokens[p.id] for p in problems], n=r.num_samples_per_prompt,
-                            temperature=r.temperature, seed=cfg.run.seed * 100003 + it)
-            times["generate"] = time.monotonic() - t
-            rollouts = [Rollout(p, prompt_tokens[p.id], prompts[p.id], c) for p, cs in zip(problems, outs) for c in cs]
-            num_generated = sum(len(x.completion.token_ids) for x in rollouts)
-
-            t = time.monotonic()
-            samples = [RewardSample(question=x.problem.question, gold=x.problem.answer, dataset=x.problem.dataset,
-                                    prompt_text=x.prompt_text, response_text=x.completion.text,
-                                    response_token_ids=list(x.completion.token_ids)) for x in rollouts]
-            rb = reward.call("score", samples)[0]
-            reward_eta = rb.metrics.get("reward/eta", reward_eta)
-            times["reward"] = time.monotonic() - t
-
-            batch = pad_batch([x.prompt_ids for x in rollouts], [list(x.completion.token_ids) for x in rollouts],
-                              tokenizer.pad_token_id)
-            t = time.monotonic()
-            old_logprobs = _data_parallel(policy, "compute_logprobs", batch)
-            ref_logprobs = _data_parallel(ref, "compute_logprobs", batch)
-            values = _data_parallel(critic, "compute_values", batch)
-            times["inference"] = time.monotonic() - t
-
-            mask = batch["response_mask"]
-            T = mask.shape[1]
-            scores = torch.zeros_like(mask)
-            scores[:, : rb.token_rewards.shape[1]] = rb.token_rewards[:, :T]
-            token_rewards, kl = adv.kl_shaped_rewards(scores, old_logprobs, ref_logprobs, mask, kl_ctl.value)
-            advantages, returns = adv.gae(token_rewards, values, mask, cfg.ppo.gamma, cfg.ppo.lam)
-            if cfg.ppo.whiten_advantages:
-                advantages = adv.masked_whiten(advantages, mask)
-            batch.update(old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, values=values,
-                         advantages=advantages, returns=returns)
-
-            t = time.monotonic()
-            policy_stats = policy.call_each("update", [(p,) for p in _split(batch, policy.num_ranks)])[0]
-            critic_stats = critic.call_each("update", [(p,) for p in _split(batch, critic.num_ranks)])[0]
-            times["train"] = time.monotonic() - t
-            for k, v in {**policy_stats, **critic_stats}.items():
-                if isinstance(v, float) and not math.isfinite(v):
-                    raise TrainingError(
-                        f"iteration {it}: {k} = {v} (non-finite loss); stopping. Last complete checkpoint: "
-                        f"{latest_checkpoint(ckpt_root) or 'none'}"
-                    )
-            t = time.monotonic()
-            sync_weights()
-            times["sync"] = time.monotonic() - t
-
-            mean_kl = (kl * mask).sum(-1).mean().item()
-            kl_ctl.update(mean_kl, len(rollouts))
-            num_tokens = mask.sum(-1)
-            metrics: dict[str, float] = {
-                "reward/success": rb.success.float().mean().item(),
-                "reward/learned": rb.learned.float().mean().item(),
-                "reward/total": scores.sum(-1).mean().item(),
-                "response/length": num_tokens.mean().item(),
-                "response/num_steps": rb.num_steps.float().mean().item(),
-                "response/truncated": sum(x.completion.finish_reason == "length" for x in rollouts) / len(rollouts),
-                "kl/mean": mean_kl,
-                "kl/coef": kl_ctl.value,
-                "advantages/mean": adv.masked_mean(advantages, mask).item(),
-                "returns/mean": adv.masked_mean(returns, mask).item(),
-                "critic/explained_variance": adv.explained_variance(values, returns, mask),
-                **{f"actor/{k}": v for k, v in policy_stats.items()},
-                **{f"critic/{k}": v for k, v in critic_stats.items()},
-                **{f"time/{k}": v for k, v in times.items()},
-            }
-            metrics.update({k: float(v) for k, v in rb.metrics.items() if k not in metrics})
-            step_scores = [c for s in rb.step_scores for c in s]
-            if step_scores:
-                metrics["reward/prm_step_score"] = sum(step_scores) / len(step_scores)
-            if cfg.run.eval_every and (it + 1) % cfg.run.eval_every == 0 and it + 1 < cfg.run.num_iterations:
-                t = time.monotonic()
-                last_eval = heldout_success(cfg.run.seed)
-                metrics.update(last_eval)
-                metrics["time/eval"] = time.monotonic() - t
-            metrics["time/iteration"] = time.monotonic() - t_iter
-            metrics["throughput/tokens_per_s"] = num_generated / max(1e-9, metrics["time/iteration"])
-            if it + 1 == cfg.run.num_iterations:
-                last_eval = heldout_success(cfg.run.seed)
-                metrics.update(last_eval)
-            writer.log(it + 1, metrics)
-            writer.log_samples(it + 1, [
-                {"question": x.problem.question, "gold": x.problem.answer, "response": x.completion.text,
-                 "success": float(rb.success[i]), "num_steps": int(rb.num_steps[i])}
-                for i, x in enumerate(rollouts[: cfg.run.num_logged_samples])
-            ])
+            metrics = run_iteration(run, it)
             _log(progress.line(it + 1, f"success {metrics['reward/success']:.3f} | learned {metrics['reward/learned']:+.3f} "
-                                      f"| kl {mean_kl:.4f} | len {metrics['response/length']:.1f} "
+                                      f"| kl {metrics['kl/mean']:.4f} | len {metrics['response/length']:.1f} "
                                       f"| steps {metrics['response/num_steps']:.2f} | {metrics['throughput/tokens_per_s']:.0f} tok/s"))
-            if (cfg.run.checkpoint_every and (it + 1) % cfg.run.checkpoint_every == 0) or it + 1 == cfg.run.num_iterations:
-                state = {"iteration": it + 1, "kl": kl_ctl.state_dict(), "heldout_before": before, "seed": cfg.run.seed,
-                         "reward_eta": reward_eta}
-
-                def write_parts(d: Path) -> None:
-                    policy.call("save_checkpoint", str(d / "policy"))
-                    critic.call("save_checkpoint", str(d / "critic"))
-
-                save_checkpoint(ckpt_root, it + 1, state, write_parts)
-            plot_curves(run_dir)
-
         if start >= cfg.run.num_iterations:  # resumed a finished run: no iteration evaluated
-            last_eval = heldout_success(cfg.run.seed)
-        after = last_eval["heldout/success"]
-        summary = {"heldout_before": before, "heldout_after": after, "run_dir": str(run_dir)}
+            run.last_eval = heldout_success(run, cfg.run.seed)
+        after = run.last_eval["heldout/success"]
+        summary = {"heldout_before": run.before, "heldout_after": after, "run_dir": str(run_dir)}
         atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
     finally:
-        if writer is not None:
-            writer.close()
+        if run is not None and run.writer is not None:
+            run.writer.close()
         cluster.shutdown()
     # After the shutdown, so that no actor log line can follow the result line.
     _log(f"metrics: {run_dir / 'metrics.jsonl'}  curves: {run_dir / 'curves.png'}")
-    _log(f"held-out success: {before:.3f} -> {after:.3f}")
+    _log(f"held-out success: {run.before:.3f} -> {after:.3f}")
     return summary
+
+
+def deploy(cfg: TrainConfig, cluster: Any, plan: Any, policy_dir: Path) -> Any:
+    """Place the plan's device workers, engines and reward function (``trainer.runtime``)."""
+    from reallocation.ray_workers import PlacementError
+    from trainer.runtime import PlanRuntime, UnsupportedPlan
+
+    r = cfg.rollout
+    critic_dir = policy_dir if cfg.critic.from_policy else resolve_model_dir(cfg.critic.model)
+    engine_kwargs = dict(model_dir=str(policy_dir), dtype=cfg.model.dtype, seed=cfg.run.seed,
+                         max_model_len=r.max_prompt_tokens + r.max_new_tokens)
+    _log(f"[plan] {plan.source or 'plan'}: " + "; ".join(f"{c} {a.describe()}" for c, a in plan.calls.items()))
+    try:
+        return PlanRuntime.start(
+            cluster, plan, backend=cfg.cluster.backend, dtype=cfg.model.dtype, seed=cfg.run.seed, ppo=cfg.ppo,
+            num_iterations=cfg.run.num_iterations, temperature=r.temperature, policy_dir=str(policy_dir),
+            critic_dir=str(critic_dir), reward_cfg=cfg.reward, engine_kwargs=engine_kwargs)
+    except (PlacementError, UnsupportedPlan) as e:
+        raise TrainingError(str(e)) from None
+
+
+def resume_or_begin(run: Run) -> int:
+    """Load the last complete checkpoint (then reallocate its weights to the engines) or measure the
+    held-out success before training; returns the first iteration to run."""
+    cfg, runtime = run.cfg, run.runtime
+    ckpt = latest_checkpoint(run.ckpt_root) if cfg.run.resume else None
+    if ckpt is None:
+        run.before = heldout_success(run, cfg.run.seed)["heldout/success"]
+        _log(f"[eval] held-out success before training: {run.before:.3f} ({len(run.heldout)} problems)")
+        run.writer = MetricsWriter(run.run_dir)
+        run.writer.log(0, {"heldout/success": run.before})
+        run.last_eval = {"heldout/success": run.before}
+        return 0
+    state = load_state(ckpt)
+    runtime.on_role("actor", "load_checkpoint", str(ckpt / "policy"))
+    runtime.on_role("critic", "load_checkpoint", str(ckpt / "critic"))
+    run.kl_ctl.load_state_dict(state["kl"])
+    run.reward_eta = state.get("reward_eta")
+    if run.reward_eta is not None and cfg.reward.eta_zero_fraction is not None:
+        # A calibrated Clip threshold stays what the first rollouts made it, not the resumed policy's.
+        runtime.on_reward("set_eta", run.reward_eta)
+    runtime.sync_engines()
+    runtime.drain_events()
+    run.before = state["heldout_before"]
+    run.last_eval = {"heldout/success": run.before}
+    run.writer = MetricsWriter(run.run_dir, resume_from_iteration=state["iteration"])
+    _log(f"[resume] from {ckpt} at iteration {state['iteration']}")
+    return state["iteration"]
+
+
+def heldout_success(run: Run, seed: int) -> dict[str, float]:
+    """Greedy (and, if asked, sampled) success on the held-out set through eval.evaluate."""
+    from eval.evaluate import evaluate
+
+    r = run.cfg.rollout
+    template = rollout_template(r.system_prompt, r.prompt_suffix)
+
+    def generate_text(prompts: list[str], *, n: int, temperature: float, top_p: float, max_new_tokens: int,
+                      seed: int, **_: Any):
+        ids = [run.tokenizer(t, add_special_tokens=False).input_ids for t in prompts]
+        return run.runtime.generate(ids, n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
+                                    max_new_tokens=r.max_new_tokens, seed=seed)
+
+    common = dict(tokenizer=run.tokenizer, max_new_tokens=r.max_new_tokens, seed=seed, log=None)
+    greedy = evaluate(generate_text, run.heldout, template, temperature=0.0, **common).summary
+    out = {"heldout/success": greedy["accuracy"]["mean"], "heldout/length": greedy["length"]["mean"]}
+    if run.cfg.run.num_heldout_samples > 0:
+        sampled = evaluate(generate_text, run.heldout, template, num_samples=run.cfg.run.num_heldout_samples,
+                           temperature=r.temperature, top_p=r.top_p, **common).summary
+        out["heldout/sampled_success"] = sampled["accuracy"]["mean"]
+    run.runtime.drain_events()  # evaluation is not part of the iteration's timeline
+    return out
+
+
+def run_iteration(run: Run, it: int) -> dict[str, float]:
+    """One PPO iteration: generate, score, advantages, update (+ reallocation), metrics, checkpoint."""
+    cfg = run.cfg
+    t_iter = time.time()
+    rollouts = generate(run, it)
+    batch, scored = score(run, rollouts)
+    adv = advantages(run, batch, scored)
+    actor_stats, critic_stats, realloc = update(run, batch, scored, adv, it)
+    events = run.runtime.drain_events()
+    metrics = iteration_metrics(run, rollouts, batch, scored, adv, actor_stats, critic_stats)
+    metrics.update(realloc)
+    metrics.update(call_metrics(run, events, t_iter, it))
+    if cfg.run.eval_every and (it + 1) % cfg.run.eval_every == 0 and it + 1 < cfg.run.num_iterations:
+        t = time.time()
+        run.last_eval = heldout_success(run, cfg.run.seed)
+        metrics.update(run.last_eval)
+        metrics["time/eval"] = time.time() - t
+    metrics["time/iteration"] = time.time() - t_iter
+    metrics["throughput/tokens_per_s"] = metrics.pop("_num_generated") / max(1e-9, metrics["time/iteration"])
+    if it + 1 == cfg.run.num_iterations:
+        run.last_eval = heldout_success(run, cfg.run.seed)
+        metrics.update(run.last_eval)
+    run.writer.log(it + 1, metrics)
+    run.writer.log_samples(it + 1, [
+        {"question": x.problem.question, "gold": x.problem.answer, "response": x.completion.text,
+         "success": float(scored["reward"].success[i]), "num_steps": int(scored["reward"].num_steps[i])}
+        for i, x in enumerate(rollouts[: cfg.run.num_logged_samples])
+    ])
+    checkpoint(run, it)
+    plot_curves(run.run_dir)
+    return metrics
+
+
+def generate(run: Run, it: int) -> list[Rollout]:
+    """actor_gen: this iteration's prompts (seeded order, resumable), n samples each."""
+    cfg, r = run.cfg, run.cfg.rollout
+    problems = iteration_problems(run.train_problems, it, r.num_prompts, cfg.run.seed)
+    outs = run.runtime.generate([run.prompt_tokens[p.id] for p in problems], n=r.num_samples_per_prompt,
+                                temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
+                                seed=cfg.run.seed * 100003 + it)
+    return [Rollout(p, run.prompt_tokens[p.id], run.prompts[p.id], c) for p, cs in zip(problems, outs) for c in cs]
+
+
+def score(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The padded batch, and (concurrently, on the plan's meshes) the rewards, old and reference
+    logprobs and the critic's values."""
+    from rewards.build import RewardSample
+
+    samples = [RewardSample(question=x.problem.question, gold=x.problem.answer, dataset=x.problem.dataset,
+                            prompt_text=x.prompt_text, response_text=x.completion.text,
+                            response_token_ids=list(x.completion.token_ids)) for x in rollouts]
+    batch = pad_batch([x.prompt_ids for x in rollouts], [list(x.completion.token_ids) for x in rollouts],
+                      run.tokenizer.pad_token_id)
+    scored = run.runtime.infer(batch, samples)
+    run.reward_eta = scored["reward"].metrics.get("reward/eta", run.reward_eta)
+    return batch, scored
+
+
+def advantages(run: Run, batch: dict[str, torch.Tensor], scored: dict[str, Any]) -> Any:
+    """Token scores from the reward, then ``compute_advantages`` (KL-shaped rewards, GAE, whitening)."""
+    from trainer.advantages import compute_advantages
+
+    mask = batch["response_mask"]
+    token_rewards = scored["reward"].token_rewards
+    scores = torch.zeros_like(mask)
+    scores[:, : token_rewards.shape[1]] = token_rewards[:, : mask.shape[1]]
+    ppo = run.cfg.ppo
+    scored["scores"] = scores
+    return compute_advantages(scores, scored["old_logprobs"], scored["ref_logprobs"], scored["values"], mask,
+                              run.kl_ctl.value, ppo.gamma, ppo.lam, ppo.whiten_advantages)
+
+
+def update(run: Run, batch: dict[str, torch.Tensor], scored: dict[str, Any], adv: Any,
+           it: int) -> tuple[dict, dict, dict[str, float]]:
+    """PPO epochs on actor and critic, then reallocation; stops on a non-finite loss."""
+    batch.update(old_logprobs=scored["old_logprobs"], ref_logprobs=scored["ref_logprobs"], values=scored["values"],
+                 advantages=adv.advantages, returns=adv.returns)
+    actor_stats, critic_stats, realloc = run.runtime.update(batch, it)
+    for k, v in {**actor_stats, **critic_stats}.items():
+        if isinstance(v, float) and not math.isfinite(v):
+            raise TrainingError(
+                f"iteration {it}: {k} = {v} (non-finite loss); stopping. Last complete checkpoint: "
+                f"{latest_checkpoint(run.ckpt_root) or 'none'}"
+            )
+    mask = batch["response_mask"]
+    mean_kl = (adv.kl * mask).sum(-1).mean().item()
+    run.kl_ctl.update(mean_kl, mask.shape[0])
+    return actor_stats, critic_stats, realloc
+
+
+def iteration_metrics(run: Run, rollouts: list[Rollout], batch: dict[str, torch.Tensor], scored: dict[str, Any],
+                      adv: Any, actor_stats: dict, critic_stats: dict) -> dict[str, float]:
+    rb, mask = scored["reward"], batch["response_mask"]
+    metrics: dict[str, float] = {
+        "reward/success": rb.success.float().mean().item(),
+        "reward/learned": rb.learned.float().mean().item(),
+        "reward/total": scored["scores"].sum(-1).mean().item(),
+        "response/length": mask.sum(-1).float().mean().item(),
+        "response/num_steps": rb.num_steps.float().mean().item(),
+        "response/truncated": sum(x.completion.finish_reason == "length" for x in rollouts) / len(rollouts),
+        "kl/mean": (adv.kl * mask).sum(-1).mean().item(),
+        "kl/coef": run.kl_ctl.value,
+        "advantages/mean": masked_mean(adv.advantages, mask).item(),
+        "returns/mean": masked_mean(adv.returns, mask).item(),
+        "critic/explained_variance": explained_variance(scored["values"], adv.returns, mask),
+        **{f"actor/{k}": v for k, v in actor_stats.items()},
+        **{f"critic/{k}": v for k, v in critic_stats.items()},
+        "_num_generated": float(sum(len(x.completion.token_ids) for x in rollouts)),
+    }
+    metrics.update({k: float(v) for k, v in rb.metrics.items() if k not in metrics})
+    step_scores = [c for s in rb.step_scores for c in s]
+    if step_scores:
+        metrics["reward/prm_step_score"] = sum(step_scores) / len(step_scores)
+    return metrics
+
+
+def call_metrics(run: Run, events: list[Any], t_iter: float, it: int) -> dict[str, float]:
+    """Each call's start/end (``call/<name>/...``), the per-phase times, and the timeline picture."""
+    from trainer.timeline import call_spans, plot_timeline
+
+    spans = call_spans(events, t_iter)
+    out = dict(spans)
+    phases = {"generate": ("actor_gen",), "inference": ("actor_inf", "ref_inf", "critic_inf", "rew_inf", "reward"),
+              "train": ("actor_train", "critic_train"), "sync": ("realloc_actor", "realloc_actor_load", "realloc_critic")}
+    for phase, calls in phases.items():
+        ends = [spans[f"call/{c}/end_s"] for c in calls if f"call/{c}/end_s" in spans]
+        starts = [spans[f"call/{c}/start_s"] for c in calls if f"call/{c}/start_s" in spans]
+        if ends:
+            out[f"time/{phase}"] = max(ends) - min(starts)
+    if events:
+        plot_timeline(events, t_iter, run.run_dir / "timeline.png", title=f"iteration {it + 1} ({run.runtime.plan.source})")
+    return out
+
+
+def checkpoint(run: Run, it: int) -> None:
+    cfg = run.cfg
+    if not ((cfg.run.checkpoint_every and (it + 1) % cfg.run.checkpoint_every == 0) or it + 1 == cfg.run.num_iterations):
+        return
+    state = {"iteration": it + 1, "kl": run.kl_ctl.state_dict(), "heldout_before": run.before, "seed": cfg.run.seed,
+             "reward_eta": run.reward_eta}
+
+    def write_parts(d: Path) -> None:
+        run.runtime.on_role("actor", "save_checkpoint", str(d / "policy"))
+        run.runtime.on_role("critic", "save_checkpoint", str(d / "critic"))
+
+    save_checkpoint(run.ckpt_root, it + 1, state, write_parts)

@@ -1,13 +1,14 @@
 """Training-side model workers, one plain class per role: policy (actor), critic, reference.
 
-No Ray here: ``reallocation/ray_workers.py`` hosts these classes as actors, and tests build them
-in-process. Each object is one rank of its role's group; with ``world_size > 1`` it joins the
-group's own torch.distributed world (gloo on CPU, NCCL on GPU) and shards its model with FSDP2
-over all ranks (``reallocation.parallelize.apply_fsdp``). With ``world_size == 1`` the model stays
-a plain module and no process group is created, so several roles can share one test process.
+No Ray here: the plan runtime (``trainer/runtime.py``) builds these classes inside its per-device
+workers, and tests build them in-process. Each object is one rank of its model's process group
+(``Ranks``: the devices of one call of the execution plan, gloo on CPU, NCCL on GPU) and shards its
+model with FSDP2 over that group (``reallocation.parallelize.apply_fsdp``). With one rank the model
+stays a plain module and needs no process group, so several roles can share one test process.
 
-Data parallelism (see ``trainer/batch.py``): the caller splits every global batch into equal row
-slices, one per rank, and calls the same method on all ranks; outputs come back per slice. Losses
+Data parallelism (see ``trainer/batch.py``): the caller splits every global batch into row slices,
+one per rank (for updates, in ``batch.update_rows`` order), and calls the same method on all
+ranks; outputs come back per slice. Losses
 are token means over the *global* minibatch (the token count is all-reduced), and FSDP averages
 gradients over ranks, so each rank backpropagates ``world_size * its share``: N ranks take
 exactly the step one rank would take on the whole minibatch. Stats are all-reduced the same way,
@@ -22,56 +23,89 @@ from __future__ import annotations
 import contextlib
 import random
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from models.config import DTYPES
+from models.schedule import build_lr_scheduler
 from trainer import batch as B
 from trainer.advantages import masked_sum
 from trainer.config import PPOConfig, SFTConfig
 from trainer.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_clip_range, value_loss
-from models.config import DTYPES
-from models.schedule import build_lr_scheduler
 
 _DTYPES = {name: getattr(torch, name) for name in DTYPES}
 
 
-class _Ranks:
-    """Where this worker runs: rank, world size, device, compute dtype, and the few collectives used."""
+class Ranks:
+    """Where one worker's model shard runs: its rank in the model's process group, the group (None
+    for a single rank), the device, and the compute dtype; plus the few collectives used.
 
-    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, backend: str, dtype: str):
+    Every worker constructor starts with the same prologue, ``Ranks.of(ranks, dtype)``: ``None``
+    means one unsharded rank in this process. ``Ranks.join`` starts a process group of its own (a
+    standalone multi-rank worker, as in the tests); the plan runtime (``trainer/runtime.py``) builds
+    one process group per device mesh over all its device workers and passes ``Ranks(group=...)``.
+    """
+
+    def __init__(self, group=None, dtype: str = "float32", backend: str = "gloo"):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype={dtype!r}: expected one of {sorted(_DTYPES)}")
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend={backend!r}: expected gloo or nccl")
-        self.rank, self.world_size = rank, world_size
+        self.group = group
+        self.rank = dist.get_rank(group) if group is not None else 0
+        self.world_size = dist.get_world_size(group) if group is not None else 1
+        self.global_ranks: tuple[int, ...] = (
+            tuple(dist.get_process_group_ranks(group)) if group is not None else (0,)
+        )
+        self.dtype_name = dtype
         self.compute_dtype = _DTYPES[dtype]
         if backend == "nccl":
-            # Ray gives each actor its own GPU(s) through CUDA_VISIBLE_DEVICES: the first visible one is ours.
+            # Ray gives each device worker its own GPU through CUDA_VISIBLE_DEVICES: the first visible one is ours.
             self.device = torch.device("cuda", torch.cuda.current_device())
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
-        if world_size > 1:
-            if dist.is_initialized():
-                assert (dist.get_rank(), dist.get_world_size()) == (rank, world_size), "process group mismatch"
-            else:
-                dist.init_process_group(
-                    backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size
-                )
+
+    @classmethod
+    def of(cls, ranks: Ranks | None, dtype: str) -> Ranks:
+        """The worker constructors' prologue: ``ranks`` as given (its dtype must match), or one local rank."""
+        if ranks is None:
+            return cls(dtype=dtype)
+        if ranks.dtype_name != dtype:
+            raise ValueError(f"dtype={dtype!r} but the ranks were built for {ranks.dtype_name!r}")
+        return ranks
+
+    @classmethod
+    def join(cls, rank: int, world_size: int, master_addr: str, master_port: int, backend: str = "gloo",
+             dtype: str = "float32") -> Ranks:
+        """Start (or join) the default process group over TCP and use all of it (world_size 1: no group)."""
+        if world_size > 1 and not dist.is_initialized():
+            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
+                                    world_size=world_size)
+        return cls(dist.group.WORLD if world_size > 1 else None, dtype, backend)
 
     @property
     def sharded(self) -> bool:
         return self.world_size > 1
 
+    @property
+    def first_global_rank(self) -> int:
+        return self.global_ranks[0]
+
     def all_reduce_sum(self, x: Tensor) -> Tensor:
         if self.sharded:
             x = x.to(self.device)
-            dist.all_reduce(x)
+            dist.all_reduce(x, group=self.group)
         return x
+
+    def barrier(self) -> None:
+        if self.sharded:
+            dist.barrier(group=self.group)
 
     def autocast(self):
         """Mixed precision for the unsharded case (FSDP2's MixedPrecisionPolicy does it when sharded)."""
@@ -79,7 +113,7 @@ class _Ranks:
         return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=enabled)
 
 
-def _load_model(model_cls, model_dir: str, ranks: _Ranks, **kwargs) -> tuple[nn.Module, list[str]]:
+def _load_model(model_cls, model_dir: str, ranks: Ranks, **kwargs) -> tuple[nn.Module, list[str]]:
     """Load an HF model in float32 on this rank's device, dropout off, sharded if N > 1.
 
     Returns the model and the names of weights missing from ``model_dir`` (newly initialized).
@@ -99,14 +133,17 @@ def _load_model(model_cls, model_dir: str, ranks: _Ranks, **kwargs) -> tuple[nn.
     return model, missing
 
 
-def _shard(model: nn.Module, ranks: _Ranks) -> nn.Module:
+def _shard(model: nn.Module, ranks: Ranks) -> nn.Module:
     if not ranks.sharded:
         return model
-    from reallocation.parallelize import apply_fsdp, make_mesh
+    from torch.distributed.device_mesh import DeviceMesh
 
-    mesh = make_mesh(dp=ranks.world_size, tp=1, device_type=ranks.device.type)
+    from reallocation.parallelize import apply_fsdp
+
+    # The mesh is the model's own group (the plan runtime's devices of this call), not the world.
+    mesh = DeviceMesh.from_group(ranks.group, ranks.device.type, mesh_dim_names=("dp",))
     param_dtype = None if ranks.compute_dtype == torch.float32 else ranks.compute_dtype
-    return apply_fsdp(model, mesh["dp"], param_dtype=param_dtype, reduce_dtype=torch.float32)
+    return apply_fsdp(model, mesh, param_dtype=param_dtype, reduce_dtype=torch.float32)
 
 
 def _to_device(batch: Mapping[str, Tensor], device: torch.device) -> dict[str, Tensor]:
@@ -142,12 +179,32 @@ def response_values(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
     return out.logits[:, -T - 1 : -1, 0].float()
 
 
-def _response_logprobs(model: nn.Module, ranks: _Ranks, batch: Mapping[str, Tensor], temperature: float) -> Tensor:
+def _response_logprobs(model: nn.Module, ranks: Ranks, batch: Mapping[str, Tensor], temperature: float) -> Tensor:
     batch = _to_device(batch, ranks.device)
     with torch.no_grad(), ranks.autocast():
         logits_BTV = response_logits(model, batch)
         logprobs_BT = logprobs_from_logits(logits_BTV, B.response_tokens(batch), temperature)
     return (logprobs_BT * batch["response_mask"]).cpu()
+
+
+def _in_chunks(fn, batch: Mapping[str, Tensor], num_microbatches: int) -> Tensor:
+    """``fn`` over ``num_microbatches`` row chunks of ``batch`` (at most one per row), concatenated."""
+    num_rows = B.num_rows(batch)
+    if num_microbatches <= 1 or num_rows <= 1:
+        return fn(batch)
+    parts = torch.arange(num_rows).tensor_split(min(num_microbatches, num_rows))
+    return torch.cat([fn({k: v[int(r[0]) : int(r[-1]) + 1] for k, v in batch.items()}) for r in parts])
+
+
+def _checkpoint_activations(model: nn.Module) -> None:
+    """Recompute each decoder block's activations in the backward pass instead of keeping them
+    (torch's checkpoint wrapper: HF's own switch only acts in train mode, and dropout keeps these
+    models in eval mode)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+    base = getattr(model, getattr(model, "base_model_prefix", "model"))
+    blocks = set(base.layers)
+    apply_activation_checkpointing(model, check_fn=lambda m: m in blocks)
 
 
 def _global_grad_norm_clip(model: nn.Module, max_norm: float) -> Tensor:
@@ -172,7 +229,7 @@ class _Trainer:
     Composition, not inheritance: each worker owns one and passes in its loss function.
     """
 
-    def __init__(self, model: nn.Module, ranks: _Ranks, ppo: PPOConfig, lr: float, num_iterations: int, seed: int):
+    def __init__(self, model: nn.Module, ranks: Ranks, ppo: PPOConfig, lr: float, num_iterations: int, seed: int):
         self.model, self.ranks, self.ppo, self.seed = model, ranks, ppo, seed
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=ppo.weight_decay)
         self.scheduler = build_lr_scheduler(
@@ -181,35 +238,48 @@ class _Trainer:
         self.num_updates = 0
         """PPO iterations done; seeds the minibatch order, so a resumed run shuffles the same way."""
 
-    def run(self, batch: Mapping[str, Tensor], loss_fn) -> dict[str, float]:
-        """``num_epochs`` x ``num_minibatches`` optimizer steps over this rank's slice, then one LR step.
+    def run(self, batch: Mapping[str, Tensor], loss_fn, part_sizes: list[int] | None = None,
+            num_microbatches: int = 1) -> dict[str, float]:
+        """``num_epochs`` x ``num_minibatches`` optimizer steps, then one LR step.
 
-        ``loss_fn(minibatch, num_tokens) -> (loss, {name: scalar})`` returns this rank's share of
-        the global-minibatch token mean (the stats too); the shares sum to the global value.
+        ``batch`` holds this rank's rows in (epoch, minibatch) order and ``part_sizes`` the size of
+        each part (``batch.update_rows``); None: ``batch`` is the whole batch of a single rank and
+        the rows are ordered here, the same way. Each part runs as ``num_microbatches`` forward /
+        backward passes (gradient accumulation, at most one per row; every rank must get the same
+        number). ``loss_fn(minibatch, num_tokens) -> (loss, {name: scalar})`` returns this rank's
+        share of the global-minibatch token mean (the stats too); the shares sum to the global value.
         """
+        if part_sizes is None:
+            if self.ranks.sharded:
+                raise ValueError("a sharded update needs the caller's row order (batch.update_rows)")
+            rows, sizes = B.update_rows(B.num_rows(batch), self.ppo.num_epochs, self.ppo.num_minibatches, 1,
+                                        B.update_seed(self.seed, self.num_updates))
+            batch, part_sizes = B.select(batch, rows[0]), sizes[0]
         batch = _to_device(batch, self.ranks.device)
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.num_updates)
         lr = self.optimizer.param_groups[0]["lr"]
         sums: dict[str, Tensor] = {}
         grad_norms = []
         num_steps = 0
-        for _ in range(self.ppo.num_epochs):
-            for rows in B.minibatch_rows(B.num_rows(batch), self.ppo.num_minibatches, generator):
-                minibatch = B.select(batch, rows.to(self.ranks.device))
-                num_tokens = self.ranks.all_reduce_sum(minibatch["response_mask"].sum().float())
+        offset = 0
+        for size in part_sizes:
+            minibatch = {k: v[offset : offset + size] for k, v in batch.items()}
+            offset += size
+            num_tokens = self.ranks.all_reduce_sum(minibatch["response_mask"].sum().float())
+            for micro_rows in torch.arange(size).tensor_split(min(num_microbatches, size)):
+                micro = {k: v[int(micro_rows[0]) : int(micro_rows[-1]) + 1] for k, v in minibatch.items()}
                 with self.ranks.autocast():
-                    loss, stats = loss_fn(minibatch, num_tokens)
+                    loss, stats = loss_fn(micro, num_tokens)
                 # FSDP averages gradients over ranks; our loss is this rank's share of a sum.
                 (loss * self.ranks.world_size).backward()
-                grad_norm = _global_grad_norm_clip(self.model, self.ppo.max_grad_norm)
-                if torch.isfinite(grad_norm):
-                    self.optimizer.step()
-                # else: skip the step so a NaN/inf never reaches the weights; the stats report it.
-                self.optimizer.zero_grad(set_to_none=True)
                 for name, value in {"loss": loss.detach(), **stats}.items():
                     sums[name] = sums.get(name, 0.0) + value.detach().float()
-                grad_norms.append(grad_norm.detach().float().cpu())
-                num_steps += 1
+            grad_norm = _global_grad_norm_clip(self.model, self.ppo.max_grad_norm)
+            if torch.isfinite(grad_norm):
+                self.optimizer.step()
+            # else: skip the step so a NaN/inf never reaches the weights; the stats report it.
+            self.optimizer.zero_grad(set_to_none=True)
+            grad_norms.append(grad_norm.detach().float().cpu())
+            num_steps += 1
         self.scheduler.step()
         self.num_updates += 1
         names = sorted(sums)
@@ -244,10 +314,9 @@ class _Trainer:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         with _single_process_dcp_quiet():
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / "dcp"),
-                     no_dist=not self.ranks.sharded)
+                     no_dist=not self.ranks.sharded, process_group=self.ranks.group)
         torch.save(self.state_dict_extra(), directory / f"extra_rank{self.ranks.rank}.pt")
-        if self.ranks.sharded:
-            dist.barrier()  # the caller renames the directory once every rank has written
+        self.ranks.barrier()  # the caller renames the directory once every rank has written
 
     def load(self, directory: str | Path) -> None:
         import torch.distributed.checkpoint as dcp
@@ -257,7 +326,8 @@ class _Trainer:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         state = {"model": model_state, "optim": optim_state}
         with _single_process_dcp_quiet():
-            dcp.load(state, checkpoint_id=str(directory / "dcp"), no_dist=not self.ranks.sharded)
+            dcp.load(state, checkpoint_id=str(directory / "dcp"), no_dist=not self.ranks.sharded,
+                     process_group=self.ranks.group)
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra = directory / f"extra_rank{self.ranks.rank}.pt"
         if not extra.exists():  # saved with another world size: rank 0's schedule is everyone's
@@ -270,11 +340,7 @@ class PolicyWorker:
 
     def __init__(
         self,
-        rank: int = 0,
-        world_size: int = 1,
-        master_addr: str = "127.0.0.1",
-        master_port: int = 29500,
-        backend: str = "gloo",
+        ranks: Ranks | None = None,
         *,
         model_dir: str,
         dtype: str = "float32",
@@ -283,25 +349,29 @@ class PolicyWorker:
         num_iterations: int = 1,
         seed: int = 0,
         temperature: float = 1.0,
+        activation_checkpointing: bool = False,
     ):
         """``num_iterations`` sizes the LR schedule; ``temperature`` is the rollout sampler's, so
         that logprobs are those of the distribution tokens were drawn from."""
         from transformers import AutoModelForCausalLM
 
-        self.ranks = _Ranks(rank, world_size, master_addr, master_port, backend, dtype)
+        self.ranks = Ranks.of(ranks, dtype)
         self.ppo = ppo or PPOConfig()
         self.sft = sft or SFTConfig()
         self.temperature = temperature
         self.model_dir = model_dir
         torch.manual_seed(seed)
         model, _ = _load_model(AutoModelForCausalLM, model_dir, self.ranks)
+        if activation_checkpointing:
+            _checkpoint_activations(model)
         self.model = _shard(model, self.ranks)
         self.trainer = _Trainer(self.model, self.ranks, self.ppo, self.ppo.actor_lr, num_iterations, seed)
         self._sft_optimizer: torch.optim.Optimizer | None = None
 
-    def compute_logprobs(self, batch: Mapping[str, Tensor]) -> Tensor:
+    def compute_logprobs(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
         """log pi(a_t | s_t) of each response token of this rank's slice, [B, T] (0 on padding)."""
-        return _response_logprobs(self.model, self.ranks, batch, self.temperature)
+        return _in_chunks(lambda b: _response_logprobs(self.model, self.ranks, b, self.temperature), batch,
+                          num_microbatches)
 
     def _policy_loss(self, minibatch: Mapping[str, Tensor], num_tokens: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         mask_BT = minibatch["response_mask"]
@@ -318,11 +388,13 @@ class PolicyWorker:
         return loss, {"clip_frac": stats.clip_frac, "approx_kl": stats.approx_kl, "ratio": stats.ratio,
                       "entropy": entropy.detach()}
 
-    def update(self, batch: Mapping[str, Tensor]) -> dict[str, float]:
-        """One PPO iteration on this rank's slice (keys: input_ids, attention_mask, [position_ids],
-        response_mask, old_logprobs, advantages). Returns global means over the optimizer steps:
-        loss, entropy, clip_frac, approx_kl, ratio, grad_norm (pre-clip), lr."""
-        return self.trainer.run(batch, self._policy_loss)
+    def update(self, batch: Mapping[str, Tensor], part_sizes: list[int] | None = None,
+               num_microbatches: int = 1) -> dict[str, float]:
+        """One PPO iteration on this rank's rows (keys: input_ids, attention_mask, [position_ids],
+        response_mask, old_logprobs, advantages; row order and ``part_sizes``: ``_Trainer.run``).
+        Returns global means over the optimizer steps: loss, entropy, clip_frac, approx_kl, ratio,
+        grad_norm (pre-clip), lr."""
+        return self.trainer.run(batch, self._policy_loss, part_sizes, num_microbatches)
 
     def sft_step(self, batch: Mapping[str, Tensor]) -> float:
         """One supervised step on the response tokens (the reference solutions); returns the global
@@ -357,8 +429,7 @@ class PolicyWorker:
 
             self.model.save_pretrained(directory, state_dict=state)
             AutoTokenizer.from_pretrained(self.model_dir).save_pretrained(directory)
-        if self.ranks.sharded:
-            dist.barrier()
+        self.ranks.barrier()
 
     def save_checkpoint(self, directory: str | Path) -> None:
         """Model, optimizer, LR schedule, update counter and RNG into ``directory`` (collective)."""
@@ -378,25 +449,24 @@ class CriticWorker:
 
     def __init__(
         self,
-        rank: int = 0,
-        world_size: int = 1,
-        master_addr: str = "127.0.0.1",
-        master_port: int = 29500,
-        backend: str = "gloo",
+        ranks: Ranks | None = None,
         *,
         model_dir: str,
         dtype: str = "float32",
         ppo: PPOConfig | None = None,
         num_iterations: int = 1,
         seed: int = 0,
+        activation_checkpointing: bool = False,
     ):
         from transformers import AutoConfig, AutoModelForTokenClassification
 
-        self.ranks = _Ranks(rank, world_size, master_addr, master_port, backend, dtype)
+        self.ranks = Ranks.of(ranks, dtype)
         self.ppo = ppo or PPOConfig()
         torch.manual_seed(seed)
         config = AutoConfig.from_pretrained(model_dir, num_labels=1, classifier_dropout=0.0)
         model, missing = _load_model(AutoModelForTokenClassification, model_dir, self.ranks, config=config)
+        if activation_checkpointing:
+            _checkpoint_activations(model)
         head = getattr(model, "score", None)
         if not isinstance(head, nn.Linear):
             raise TypeError(f"{type(model).__name__} has no `score` value head; cannot build a critic from {model_dir}")
@@ -408,8 +478,11 @@ class CriticWorker:
         self.model = _shard(model, self.ranks)
         self.trainer = _Trainer(self.model, self.ranks, self.ppo, self.ppo.critic_lr, num_iterations, seed)
 
-    def compute_values(self, batch: Mapping[str, Tensor]) -> Tensor:
+    def compute_values(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
         """V(s_t) for each response token of this rank's slice, [B, T] (0 on padding)."""
+        return _in_chunks(self._values, batch, num_microbatches)
+
+    def _values(self, batch: Mapping[str, Tensor]) -> Tensor:
         batch = _to_device(batch, self.ranks.device)
         with torch.no_grad(), self.ranks.autocast():
             values_BT = response_values(self.model, batch)
@@ -423,13 +496,18 @@ class CriticWorker:
         )
         return loss, {"clip_frac": stats.clip_frac, "values": stats.values}
 
-    def update(self, batch: Mapping[str, Tensor]) -> dict[str, float]:
-        """One iteration of (clipped) value regression on this rank's slice (keys: input_ids,
-        attention_mask, [position_ids], response_mask, values, returns). Returns global means:
-        loss, clip_frac, values, grad_norm (pre-clip), lr, and clip_range (-1: no clipping)."""
+    def update(self, batch: Mapping[str, Tensor], part_sizes: list[int] | None = None,
+               num_microbatches: int = 1) -> dict[str, float]:
+        """One iteration of (clipped) value regression on this rank's rows (keys: input_ids,
+        attention_mask, [position_ids], response_mask, values, returns; row order and
+        ``part_sizes``: ``_Trainer.run``). Returns global means: loss, clip_frac, values, grad_norm
+        (pre-clip), lr, and clip_range (-1: no clipping)."""
+        # The rows arrive once per epoch (batch.update_rows): every row equally often, so the
+        # statistics of the returns are those of the batch.
         clip_range = value_clip_range(batch["returns"], batch["response_mask"], self.ppo.value_clip_eps,
                                       self.ppo.value_clip.value, self.ranks.all_reduce_sum)
-        stats = self.trainer.run(batch, lambda minibatch, num_tokens: self._value_loss(minibatch, num_tokens, clip_range))
+        stats = self.trainer.run(batch, lambda minibatch, num_tokens: self._value_loss(minibatch, num_tokens, clip_range),
+                                 part_sizes, num_microbatches)
         return {**stats, "clip_range": -1.0 if clip_range is None else clip_range}
 
     def save_checkpoint(self, directory: str | Path) -> None:
@@ -445,42 +523,55 @@ class RefWorker:
 
     def __init__(
         self,
-        rank: int = 0,
-        world_size: int = 1,
-        master_addr: str = "127.0.0.1",
-        master_port: int = 29500,
-        backend: str = "gloo",
+        ranks: Ranks | None = None,
         *,
         model_dir: str,
         dtype: str = "float32",
         seed: int = 0,
         temperature: float = 1.0,
+        offload: bool = False,
     ):
+        """``offload``: the weights wait in CPU memory between calls (the device is the ranks'
+        device; on CPU this changes nothing)."""
         from transformers import AutoModelForCausalLM
 
-        self.ranks = _Ranks(rank, world_size, master_addr, master_port, backend, dtype)
+        self.ranks = Ranks.of(ranks, dtype)
         self.temperature = temperature
+        self.offload = offload and not self.ranks.sharded  # FSDP shards stay where FSDP put them
         torch.manual_seed(seed)
         model, _ = _load_model(AutoModelForCausalLM, model_dir, self.ranks)
         model.requires_grad_(False)
         self.model = _shard(model, self.ranks)
+        if self.offload:
+            self.model.to("cpu")
 
-    def compute_logprobs(self, batch: Mapping[str, Tensor]) -> Tensor:
+    def compute_logprobs(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
         """log pi_ref(a_t | s_t) of each response token of this rank's slice, [B, T] (0 on padding)."""
-        return _response_logprobs(self.model, self.ranks, batch, self.temperature)
+        if self.offload:
+            self.model.to(self.ranks.device)
+        try:
+            return _in_chunks(lambda b: _response_logprobs(self.model, self.ranks, b, self.temperature), batch,
+                              num_microbatches)
+        finally:
+            if self.offload:
+                self.model.to("cpu")
 
 
-def _full_state_dict(model: nn.Module, ranks: _Ranks, dtype: torch.dtype | None = None) -> dict[str, Tensor] | None:
-    """Unsharded, HF-named CPU state dict on rank 0 (None on other ranks); collective when sharded.
+def _full_state_dict(model: nn.Module, ranks: Ranks, dtype: torch.dtype | None = None) -> dict[str, Tensor] | None:
+    """Unsharded, HF-named CPU state dict on the group's first rank (None on the others); collective
+    over the model's group when sharded.
 
-    Goes through the reallocation core (``reallocation.sync.iter_full_weights``): rank 0 keeps
-    its own FSDP shards and receives only the rest, bucket by bucket, instead of every rank
+    Goes through the reallocation core (``reallocation.sync.iter_full_weights``): the first rank
+    keeps its own FSDP shards and receives only the rest, bucket by bucket, instead of every rank
     all-gathering every parameter. Tied weights appear under both names, as in ``state_dict()``.
     """
     from reallocation.sync import clean_name, drain, iter_full_weights
 
     dtype = dtype or ranks.compute_dtype
-    weights = iter_full_weights(model, dst_rank=0, dtype=dtype)
+    if ranks.sharded:
+        weights = iter_full_weights(model, dst_rank=ranks.first_global_rank, dtype=dtype, group=ranks.group)
+    else:  # one rank (maybe inside a larger world): nothing to move
+        weights = ((clean_name(n), p) for n, p in model.named_parameters())
     if ranks.rank != 0:
         drain(weights)
         return None

@@ -121,3 +121,21 @@ def test_prompts_in_one_call_do_not_share_random_numbers(engine):
     outs = engine.generate(prompts, n=2, temperature=1.0, max_new_tokens=16, seed=0)
     firsts = {c.token_ids[:4] for o in outs for c in o}
     assert len(firsts) > 8
+
+
+@pytest.mark.gpu
+def test_sleep_frees_gpu_memory_and_wake_up_generates_the_same(tiny_model_dir):
+    """The GPU path of the plan runtime's colocation: vLLM sleeps while training uses the GPU."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU (vLLM refuses sleep mode on CPU)")
+    eng = VLLMEngine(tiny_model_dir, dtype="float32", seed=0, max_model_len=256, enable_sleep_mode=True,
+                     gpu_memory_utilization=0.3)
+    try:
+        before = eng.generate([[1, 2, 3, 4]], n=1, temperature=0.0, max_new_tokens=8)
+        free_awake = torch.cuda.mem_get_info()[0]
+        assert eng.sleep()
+        assert torch.cuda.mem_get_info()[0] > free_awake  # the KV cache and weights left the GPU
+        after = eng.generate([[1, 2, 3, 4]], n=1, temperature=0.0, max_new_tokens=8)  # wakes up first
+        assert not eng.asleep and after[0][0].token_ids == before[0][0].token_ids
+    finally:
+        eng.close()

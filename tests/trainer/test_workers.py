@@ -5,7 +5,6 @@ and checks that every rank's slice and the resulting parameters agree within flo
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -13,10 +12,10 @@ import torch
 import torch.multiprocessing as mp
 
 from tests.conftest import free_port
-from trainer.batch import select
+from trainer.batch import select, update_rows, update_seed
 from trainer.config import LRSchedule, PPOConfig
 from trainer.rollout import pad_batch
-from trainer.workers import CriticWorker, PolicyWorker, RefWorker, _full_state_dict
+from trainer.workers import CriticWorker, PolicyWorker, Ranks, RefWorker, _full_state_dict
 
 PAD_ID = 3
 # Ratios move by ~1e-3 per step at this lr, so clipping, grad-norm clipping and Adam all matter.
@@ -167,18 +166,21 @@ def _two_ranks(rank: int, port: int, model_dir: str, work: str) -> None:
     data = torch.load(Path(work) / "data.pt")
     rows = torch.arange(rank * 4, rank * 4 + 4)  # the caller's split: equal row slices
     mine = select(data, rows)
-    common = dict(rank=rank, world_size=2, master_addr="127.0.0.1", master_port=port, backend="gloo",
-                  model_dir=model_dir, ppo=PPO, num_iterations=3)
-    policy = PolicyWorker(**common)
-    critic = CriticWorker(**common)
-    ref = RefWorker(**{k: v for k, v in common.items() if k not in ("ppo", "num_iterations")})
+    ranks = Ranks.join(rank, 2, "127.0.0.1", port, "gloo")
+    common = dict(model_dir=model_dir, ppo=PPO, num_iterations=3)
+    policy = PolicyWorker(ranks, **common)
+    critic = CriticWorker(ranks, **common)
+    ref = RefWorker(ranks, model_dir=model_dir)
+    # The update's row order: the same global minibatches a single process makes (batch.update_rows).
+    order, sizes = update_rows(8, PPO.num_epochs, PPO.num_minibatches, 2, update_seed(0, 0))
+    update_data, update_sizes = select(data, order[rank]), sizes[rank]
     assert all(type(w.model).__name__.startswith("FSDP") for w in (policy, critic, ref))  # really sharded
     out = {
         "logprobs": policy.compute_logprobs(mine),
         "ref_logprobs": ref.compute_logprobs(mine),
         "values": critic.compute_values(mine),
-        "policy_stats": policy.update(mine),
-        "critic_stats": critic.update(mine),
+        "policy_stats": policy.update(update_data, update_sizes),
+        "critic_stats": critic.update(update_data, update_sizes),
     }
     policy_state = policy.state_dict_for_sync()
     critic_state = _full_state_dict(critic.model, critic.ranks)
@@ -235,3 +237,35 @@ def test_two_gloo_ranks_match_one_unsharded_process(tiny_model_dir, tmp_path):
     resumed_state = resumed.state_dict_for_sync()
     assert all(torch.equal(resumed_state[k], v) for k, v in ranks[0]["policy_state"].items())
     assert resumed.trainer.num_updates == 1
+
+
+def test_update_rows_make_the_same_minibatches_for_any_number_of_ranks():
+    # 8 rows, 2 epochs, 2 minibatches: each global minibatch is cut into one share per rank.
+    one, one_sizes = update_rows(8, 2, 2, 1, seed=5)
+    two, two_sizes = update_rows(8, 2, 2, 2, seed=5)
+    assert one_sizes == [[4, 4, 4, 4]] and two_sizes == [[2, 2, 2, 2], [2, 2, 2, 2]]
+    for part in range(4):
+        single = one[0][4 * part : 4 * part + 4]
+        split = torch.cat([two[0][2 * part : 2 * part + 2], two[1][2 * part : 2 * part + 2]])
+        assert torch.equal(single, split)
+    assert sorted(one[0][:8].tolist()) == list(range(8))  # an epoch visits every row once
+    rows, sizes = update_rows(10, 1, 2, 2, seed=0)  # 5-row minibatches: shares of 3 and 2
+    assert sizes == [[3, 3], [2, 2]] and sorted(torch.cat(rows).tolist()) == list(range(10))
+    with pytest.raises(ValueError, match="cannot make ppo.num_minibatches=4 minibatches over 2"):
+        update_rows(6, 1, 4, 2, seed=0)
+
+
+def test_microbatches_and_activation_checkpointing_take_the_same_step(tiny_model_dir):
+    # The plan's per-call knobs change memory, not math: 3 micro-batches per minibatch (gradient
+    # accumulation) with recomputed activations give the plain worker's stats and weights.
+    batch = make_batch()
+    ppo = PPOConfig(num_minibatches=2, actor_lr=1e-3)
+    plain = PolicyWorker(model_dir=str(tiny_model_dir), ppo=ppo)
+    knobs = PolicyWorker(model_dir=str(tiny_model_dir), ppo=ppo, activation_checkpointing=True)
+    logprobs = plain.compute_logprobs(batch)
+    torch.testing.assert_close(knobs.compute_logprobs(batch, num_microbatches=3), logprobs, atol=1e-6, rtol=0)
+    data = add_ppo_fields(batch, logprobs, torch.zeros_like(logprobs))
+    want, got = plain.update(data), knobs.update(data, num_microbatches=3)
+    for key in want:
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    torch.testing.assert_close(knobs.compute_logprobs(batch), plain.compute_logprobs(batch), atol=1e-5, rtol=0)

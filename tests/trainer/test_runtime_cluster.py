@@ -1,0 +1,136 @@
+"""The plan runtime on a simulated GPU cluster: 2 Ray nodes x 4 declared GPUs on this CPU machine
+(``ray.cluster_utils``), workers on CPU tensors over gloo.
+
+- placement: one placement group, one worker per device on the node and GPU its plan names
+  (checked from inside each actor), a companion (the vLLM engine's process) beside its device, and
+  a plan that needs more devices than exist failing at once with both counts;
+- two PPO iterations through ``train.py`` under two plans (the default/heuristic one and one with
+  disjoint reference / critic inference meshes and 2 generation replicas beside 4-way FSDP
+  training): bytes moved equal the lower bound, every call has its start/end, the timeline
+  picture exists, and both plans give the same losses and metrics (placement must not change the
+  math; tolerance below).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reallocation.ray_workers import PlacementError, assign_devices
+
+ROOT = Path(__file__).resolve().parents[2]
+NUM_NODES, GPUS_PER_NODE = 2, 4
+# The two plans run the same math in different float reduction orders (FSDP over 1 vs 4 ranks):
+# measured differences are ~1e-7 relative; 1e-4 leaves room and still catches any real change.
+REL_TOLERANCE = 1e-4
+
+
+def test_assign_devices_pairs_plan_nodes_with_ray_nodes():
+    # Bundles 0-3 landed on node "b" (GPUs 3, 2, 1, 0), bundles 4-7 on node "a" (GPUs 0..3).
+    locations = [("b", (3,)), ("b", (2,)), ("b", (1,)), ("b", (0,)), ("a", (0,)), ("a", (1,)), ("a", (2,)), ("a", (3,))]
+    got = assign_devices(range(8), 4, locations)
+    assert got == {0: 3, 1: 2, 2: 1, 3: 0, 4: 4, 5: 5, 6: 6, 7: 7}
+    # A 3 + 1 plan cannot use bundles that landed 2 + 2.
+    with pytest.raises(PlacementError, match=r"plan devices per node \[1, 3\] do not match .* \[2, 2\]"):
+        assign_devices([0, 1, 2, 4], 4, locations[:1] + locations[2:3] + locations[4:6])
+
+
+class _Probe:
+    """A stand-in companion: reports where it runs (the real engine is exercised by train.py below)."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+
+    def hello(self) -> str:
+        return self.tag
+
+
+@pytest.fixture(scope="module")
+def cluster_address():
+    from reallocation.ray_workers import SimulatedCluster
+
+    with SimulatedCluster(NUM_NODES, GPUS_PER_NODE) as address:
+        yield address
+
+
+@pytest.mark.slow
+def test_device_pool_places_each_device_on_its_node_and_gpu(cluster_address):
+    from reallocation.ray_workers import RayCluster, wait
+
+    cluster = RayCluster.start(cluster_address)
+    try:
+        assert cluster.device_resource() == ("GPU", NUM_NODES * GPUS_PER_NODE)
+        with pytest.raises(PlacementError, match="the execution plan needs 9 devices, the cluster has 8"):
+            cluster.device_pool(range(9), GPUS_PER_NODE, timeout_s=5)
+        pool = cluster.device_pool(range(8), GPUS_PER_NODE, timeout_s=60)
+        where = pool.where()
+        assert [where[d]["gpu_ids"] for d in range(8)] == [[d % GPUS_PER_NODE] for d in range(8)]
+        nodes = [where[d]["node_id"] for d in range(8)]
+        assert len(set(nodes[:4])) == 1 and len(set(nodes[4:])) == 1 and nodes[0] != nodes[4]
+        assert len({where[d]["pid"] for d in range(8)}) == 8  # one process per device
+        pool.add_companions("probe", [5], _Probe, {"tag": "beside device 5"})  # checks its place itself
+        assert wait([pool.submit_companion("probe", 5, "hello")])[0][0] == "beside device 5"
+        pool.shutdown()
+    finally:
+        cluster.shutdown()
+
+
+def _train(address: str, run_dir: Path, *overrides: str) -> list[dict]:
+    args = [sys.executable, "train.py", f"cluster.address={address}", f"cluster.num_nodes={NUM_NODES}",
+            f"cluster.devices_per_node={GPUS_PER_NODE}", "run.num_iterations=2", "sft.num_steps=30",
+            "rollout.num_prompts=8", "rollout.num_samples_per_prompt=2", "rollout.max_new_tokens=24",
+            "data.synthetic_num_train=64", "data.synthetic_num_heldout=8", "run.eval_every=0",
+            "run.num_heldout_samples=0", "ppo.num_minibatches=2", f"hydra.run.dir={run_dir}", *overrides]
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+DISJOINT_INFERENCE = """\
+num_nodes: 2
+gpus_per_node: 4
+source: test-disjoint-inference
+calls:
+  actor_gen: {devices: [0, 1], dp: 2}
+  actor_train: {devices: [0, 1, 2, 3], dp: 4}
+  critic_train: {devices: [4, 5, 6, 7], dp: 4}
+  critic_inf: {devices: [6, 7], dp: 2}
+  ref_inf: {devices: [5]}
+"""
+
+
+@pytest.mark.slow
+def test_two_plans_train_the_same_on_a_simulated_two_node_cluster(cluster_address, tmp_path):
+    plan_path = tmp_path / "plan.yaml"
+    plan_path.write_text(DISJOINT_INFERENCE)
+    runs = {"default": _train(cluster_address, tmp_path / "default"),
+            "disjoint": _train(cluster_address, tmp_path / "disjoint", f"cluster.plan={plan_path}")}
+    for name, rows in runs.items():
+        run_dir = tmp_path / name
+        assert [r["iteration"] for r in rows] == [0, 1, 2]
+        placement = json.loads((run_dir / "placement.json").read_text())
+        for device, info in placement.items():
+            assert info["gpu_ids"] == [int(device) % GPUS_PER_NODE], (name, device, info)
+        assert (run_dir / "timeline.png").exists() and (run_dir / "plan.yaml").exists()
+        for row in rows[1:]:
+            for call in ("actor_gen", "actor_inf", "ref_inf", "critic_inf", "actor_train", "critic_train"):
+                assert row[f"call/{call}/start_s"] <= row[f"call/{call}/end_s"], (name, call)
+            for model in ("actor", "critic"):
+                if f"realloc/{model}/bytes_moved" in row:
+                    assert row[f"realloc/{model}/bytes_moved"] == row[f"realloc/{model}/lower_bound_bytes"]
+    disjoint = runs["disjoint"]
+    # 2 replicas beside 4 FSDP shards: each replica holds a quarter and receives the other three.
+    assert all(r["realloc/actor/bytes_moved"] > 0 and r["realloc/critic/bytes_moved"] > 0 for r in disjoint[1:])
+    # Reference and critic inference on their own devices ran while the actor computed its logprobs.
+    for row in disjoint[1:]:
+        assert row["call/ref_inf/start_s"] < row["call/actor_inf/end_s"]
+    keys = ["reward/success", "response/length", "kl/mean", "actor/loss", "actor/clip_frac", "actor/grad_norm",
+            "critic/loss", "critic/grad_norm", "advantages/mean", "returns/mean"]
+    for a, b in zip(runs["default"][1:], disjoint[1:]):
+        for key in keys:
+            assert b[key] == pytest.approx(a[key], rel=REL_TOLERANCE, abs=1e-6), (a["iteration"], key)
