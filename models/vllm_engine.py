@@ -63,7 +63,7 @@ class EngineInfo:
     tensor_parallel_size: int
     device: str
     vllm_version: str = ""
-    kv_cache_gib: int | None = None
+    kv_cache_gib: float | None = None
     """CPU only: the KV cache size (GiB)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -121,7 +121,7 @@ class VLLMEngine:
         tensor_parallel_size: int = 1,
         gpu_memory_utilization: float = 0.85,
         enforce_eager: bool | None = None,
-        kv_cache_gib: int | None = None,
+        kv_cache_gib: float | None = None,
         **llm_kwargs: Any,
     ) -> None:
         model_dir = Path(model_dir)
@@ -167,7 +167,11 @@ class VLLMEngine:
         # bounds how many sequences run at once, so long batched generations may need more than 1.
         previous_kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
         if kv_cache_gib is not None and not on_gpu:
-            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
+            if float(kv_cache_gib).is_integer():
+                os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
+            else:  # the variable takes whole GiB only; without it, kv_cache_memory_bytes applies
+                os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+                kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
         try:
             self.llm = LLM(**kwargs)
         finally:
@@ -185,7 +189,7 @@ class VLLMEngine:
             tensor_parallel_size=tensor_parallel_size,
             device="cuda" if on_gpu else "cpu",
             vllm_version=getattr(vllm, "__version__", ""),
-            kv_cache_gib=None if on_gpu else int(kv_cache_gib or os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 0),
+            kv_cache_gib=None if on_gpu else float(kv_cache_gib or os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 0),
             extra={k: v for k, v in llm_kwargs.items() if isinstance(v, (str, int, float, bool))},
         )
 

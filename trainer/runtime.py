@@ -248,6 +248,8 @@ class PlanRuntime:
 
         pool.build(DeviceWorker, kwargs_of)
         gen = set(calls["actor_gen"].devices)
+        if backend != "nccl":  # CPU: the engines share the 1 GiB KV cache one engine would have had
+            engine_kwargs = {**engine_kwargs, "kv_cache_gib": max(0.25, 1.0 / len(gen))}
         # On GPUs that training also uses, vLLM frees its memory between generations (sleep mode).
         sleeps = backend == "nccl" and any(gen & set(a.devices) for c, a in calls.items() if c != "actor_gen")
         pool.add_companions("engine", sorted(gen), VLLMEngine,
