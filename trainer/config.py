@@ -41,9 +41,12 @@ class PPOConfig:
     """Passes over each iteration's rollouts."""
     num_minibatches: int = 4
     clip_eps: float = 0.2
-    value_clip: ValueClip = ValueClip.raw
+    value_clip: ValueClip = ValueClip.none
+    """No value clipping by default: the critic head starts at 0 and the returns' scale differs by reward
+    (about 0.2 for success only, 1-5 for raw PRM), so a fixed clip range holds back the large-return
+    critics (README, "Reward hacking in miniature": explained variance per option)."""
     value_clip_eps: float = 0.2
-    """The value-clip range (see value_clip; trainer.losses.value_clip_range)."""
+    """The value-clip range when value_clip is raw or return_std (trainer.losses.value_clip_range)."""
     gamma: float = 1.0
     lam: float = 1.0
     kl_coef: float = 0.01

@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from tests.conftest import free_port
 from trainer.batch import select, update_rows, update_seed
-from trainer.config import LRSchedule, PPOConfig
+from trainer.config import LRSchedule, PPOConfig, ValueClip
 from trainer.rollout import pad_batch
 from trainer.workers import CriticWorker, PolicyWorker, Ranks, RefWorker, _full_state_dict
 
@@ -76,7 +76,7 @@ def test_logprobs_match_unpadded_forward_and_ref(tiny_model_dir):
 
 def test_critic_starts_at_zero_and_learns(tiny_model_dir):
     batch = make_batch()
-    critic = CriticWorker(model_dir=str(tiny_model_dir), ppo=PPOConfig(num_epochs=4, critic_lr=1e-2, value_clip_eps=10.0))
+    critic = CriticWorker(model_dir=str(tiny_model_dir), ppo=PPOConfig(num_epochs=4, critic_lr=1e-2, value_clip=ValueClip.raw, value_clip_eps=10.0))
     values = critic.compute_values(batch)
     assert values.shape == batch["response_mask"].shape and (values == 0).all()
     targets = {**batch, "values": values, "returns": batch["response_mask"].clone()}
