@@ -155,7 +155,9 @@ def build_cases(golds: list[tuple[str, str]], seed: int = 0) -> list[dict]:
     cases = []
     for k, (dataset, gold) in enumerate(golds):
         def add(kind, response, label):
-            cases.append({"dataset": dataset, "gold": gold, "kind": kind, "response": response, "label": label})
+            # Called within this iteration only, so the loop variables are the ones meant.
+            case = {"dataset": dataset, "gold": gold}  # noqa: B023
+            cases.append({**case, "kind": kind, "response": response, "label": label})
 
         add("boxed", f"Adding these up gives the result.\nTherefore the answer is $\\boxed{{{gold}}}$.", True)
         if dataset == "gsm8k":

@@ -18,6 +18,7 @@ baseline_time_s, exact, ...) atomically, and a PNG bar chart next to it.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import tempfile
@@ -152,12 +153,9 @@ def _worker(rank: int, world_size: int, store: str, args) -> None:
         members = tuple(sorted(set(dst_layout.global_ranks) | {0}))
         shards = _shards(src, ref, rank)
 
-        def ours():
-            return reshard(plan, shards, dtype=dtype, bucket_bytes=args.bucket_bytes)
-
-        def baseline():
-            return reshard_gather_broadcast(plan, shards, dtype=dtype, bucket_bytes=args.bucket_bytes,
-                                            broadcast_group=groups[members])
+        ours = functools.partial(reshard, plan, shards, dtype=dtype, bucket_bytes=args.bucket_bytes)
+        baseline = functools.partial(reshard_gather_broadcast, plan, shards, dtype=dtype,
+                                     bucket_bytes=args.bucket_bytes, broadcast_group=groups[members])
 
         # Alternate the two (one untimed warm-up each) and keep the best time of each: the
         # machine may be shared, and alternating exposes both to the same background load.
@@ -173,7 +171,7 @@ def _worker(rank: int, world_size: int, store: str, args) -> None:
         exact = _exact(dst, ref, got, rank)
         base_exact = _exact(dst, ref, base, rank) if rank in members else True
         dst_bytes = sum(t.numel() * t.element_size() for t in got.values())
-        del got, base, shards
+        del got, base, shards, ours, baseline
 
         gathered = [None] * world_size
         dist.all_gather_object(gathered, dict(

@@ -40,9 +40,10 @@ from typing import Any  # noqa: E402
 import hydra  # noqa: E402
 from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
+from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from eval.config import ConfigError, to_typed_config  # noqa: E402
-from models.config import ModelConfig  # noqa: E402
+from models.config import DTYPES, ModelConfig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_CONFIG_DIR = REPO_ROOT / "configs" / "model"
@@ -412,7 +413,7 @@ def _checkpoint_dtype(path: Path) -> str | None:
         if (path / "config.json").exists():
             c = json.loads((path / "config.json").read_text())
             dtype = c.get("dtype") or c.get("torch_dtype")
-            return dtype if dtype in ("float32", "bfloat16", "float16") else None
+            return dtype if dtype in DTYPES else None
         for run_dir in (path, path.parent.parent):  # a run directory, or one of its checkpoints
             config = run_dir / ".hydra" / "config.yaml"
             if config.exists():

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -70,7 +71,8 @@ def _record_to_problem(obj: dict[str, Any], where: str, default_id: str) -> Prob
         metadata["subject"] = obj.get("subject", obj.get("type"))
     if "level" in obj:
         level = obj["level"]
-        metadata["level"] = int(str(level).replace("Level", "").strip()) if str(level).strip("Level ?").isdigit() else level
+        m = re.fullmatch(r"(?:Level\s*)?(\d+)", str(level).strip())
+        metadata["level"] = int(m.group(1)) if m else level  # "Level 3" -> 3; "Level ?" stays
     answer = obj.get("answer")
     dataset = obj.get("dataset")
     if isinstance(answer, str) and "####" in answer:

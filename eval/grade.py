@@ -58,8 +58,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from eval.grading.compare import FAST_OPS, NeedSympy, judge
 from eval.grading.extract import DATASETS, check_dataset, extract_gold, extract_with_reason
@@ -131,9 +131,7 @@ def grade_many(
             results[k] = GradeResult(False, extracted, "error")
 
     if slow:
-        from eval.grading.pool import run
-
-        from eval.grading.pool import DEFAULT_MAX_WORKERS
+        from eval.grading.pool import DEFAULT_MAX_WORKERS, run
 
         outcomes = run(slow_items, timeout_s, num_workers or DEFAULT_MAX_WORKERS)
         for k, (extracted, _), (correct, reason) in zip(slow, slow_items, outcomes):

@@ -35,9 +35,10 @@ needed. Example, for a SmolLM2-135M-sized Llama on 4 ranks::
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 # A box is one (start, stop) interval per dim of the full tensor.
 Box = tuple[tuple[int, int], ...]
@@ -134,7 +135,7 @@ class ModelSpec:
     mlp_bias: bool = False  # Llama when mlp_bias
 
     @classmethod
-    def from_hf_config(cls, config: Any) -> "ModelSpec":
+    def from_hf_config(cls, config: Any) -> ModelSpec:
         """Build from a ``transformers`` LlamaConfig / Qwen2Config (or anything with those fields)."""
         model_type = getattr(config, "model_type", "llama")
         attention_bias = bool(getattr(config, "attention_bias", False))
@@ -169,7 +170,7 @@ class ModelSpec:
             p, layer = f"model.layers.{i}.", (i + 1,)
 
             def add(name: str, shape: Shape, kind: str) -> None:
-                out.append(ParamSpec(p + name, shape, kind, layer))
+                out.append(ParamSpec(p + name, shape, kind, layer))  # noqa: B023 - called within this iteration
 
             add("self_attn.q_proj.weight", (q_rows, hidden), COLUMN)
             if self.qkv_bias:

@@ -29,7 +29,7 @@ Two ways to load weights into vLLM:
 from __future__ import annotations
 
 import re
-from typing import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 

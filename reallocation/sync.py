@@ -36,8 +36,8 @@ trainer, then ``iter_plan_weights(plan, local_shards, ...)`` on every rank of th
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping
 
 import torch
 

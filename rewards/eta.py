@@ -6,7 +6,7 @@ fraction of steps that should get zero and read eta off the initial rollouts' sc
 """
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 

@@ -24,9 +24,10 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from eval.data import Problem, iter_jsonl
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import bisect
 import codecs
+from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
 
 
 @dataclass(frozen=True)

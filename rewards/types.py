@@ -1,8 +1,9 @@
 """What the trainer hands the reward function and what it gets back."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 

@@ -7,8 +7,8 @@ worker with sympy only when it must.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from eval.grading.exact import exact_value
 from eval.grading.normalize import (

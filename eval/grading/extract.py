@@ -88,8 +88,8 @@ def _unwrap_boxes(content: str) -> str:
 
 def _find_last_box(text: str) -> re.Match | None:
     last = None
-    for last in _BOX_RE.finditer(text):
-        pass
+    for m in _BOX_RE.finditer(text):
+        last = m
     return last
 
 
@@ -181,8 +181,8 @@ def extract_with_reason(response: str, dataset: str = "math") -> tuple[str | Non
         content = _unwrap_boxes(response[lo:hi]).strip()
         return (content, "ok") if content else (None, "no_answer")
     last = None
-    for last in _MARKER_RE[dataset].finditer(response):
-        pass
+    for m in _MARKER_RE[dataset].finditer(response):
+        last = m
     if last is None:
         return None, "no_answer"
     window = response[last.end() : last.end() + _MARKER_WINDOW]

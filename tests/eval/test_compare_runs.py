@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from eval.compare_runs import main
 from eval.metrics import summarize
 

@@ -12,7 +12,8 @@ import os
 import pickle
 import tempfile
 import traceback
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import torch
 

@@ -3,10 +3,16 @@
 import pytest
 import torch
 
-from tests.reallocation.realloc_testlib import tiny_spec
 from reallocation.layout import (
-    Layout, ModelSpec, box_numel, chunk_interval, intersect, pipeline_stage_of_layer, subtract,
+    Layout,
+    ModelSpec,
+    box_numel,
+    chunk_interval,
+    intersect,
+    pipeline_stage_of_layer,
+    subtract,
 )
+from tests.reallocation.realloc_testlib import tiny_spec
 
 
 def test_chunk_interval_matches_torch_chunk():

@@ -3,8 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from rewards.segment import (Step, _byte_level_pieces, _incremental_pieces, segment_response, split_steps,
-                             step_char_ends, token_pieces)
+from rewards.segment import (
+    Step,
+    _byte_level_pieces,
+    _incremental_pieces,
+    segment_response,
+    split_steps,
+    step_char_ends,
+    token_pieces,
+)
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,6 @@
 """Checkpoints are atomic: a write that dies midway leaves the previous checkpoint usable."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from eval.synthetic import generate_problems
 from trainer.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from trainer.rollout import iteration_problems, pad_batch
-from eval.synthetic import generate_problems
 
 
 def _write(d: Path) -> None:

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
+from models.schedule import build_lr_scheduler, lr_multiplier
 from trainer.config import KLController, LRSchedule, PPOConfig
 from trainer.kl import AdaptiveKLController, FixedKLController, make_kl_controller
-from models.schedule import build_lr_scheduler, lr_multiplier
 
 
 def test_fixed_kl_controller_never_moves():
