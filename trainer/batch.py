@@ -55,16 +55,6 @@ def select(batch: Mapping[str, Tensor], rows: Tensor) -> dict[str, Tensor]:
     return {key: value[rows] for key, value in batch.items()}
 
 
-def minibatch_rows(num_rows: int, num_minibatches: int, generator: torch.Generator) -> list[Tensor]:
-    """A seeded random permutation of ``range(num_rows)`` cut into ``num_minibatches`` near-equal parts."""
-    if num_rows < num_minibatches:
-        raise ValueError(
-            f"{num_rows} rows per rank cannot make ppo.num_minibatches={num_minibatches} minibatches: "
-            "use more prompts/samples per iteration or fewer minibatches"
-        )
-    return list(torch.randperm(num_rows, generator=generator).tensor_split(num_minibatches))
-
-
 def update_rows(
     num_rows: int, num_epochs: int, num_minibatches: int, num_ranks: int, seed: int
 ) -> tuple[list[Tensor], list[list[int]]]:

@@ -1,4 +1,4 @@
-"""train(): the PPO loop of DESIGN.md §3 on an execution plan deployed by ``trainer/runtime.py``.
+"""train(): the PPO loop on an execution plan deployed by ``trainer/runtime.py``.
 
 One iteration (``run_iteration``), each step a function below::
 

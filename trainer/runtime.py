@@ -99,14 +99,15 @@ def roles_on(plan: ExecutionPlan, device: int) -> list[str]:
 
 
 class RewardWorker:
-    """Holds the reward function (grader pool, ORM/PRM) next to its models."""
+    """Holds the reward function (grader pool, ORM/PRM) next to its models; ``device``: where the
+    reward model computes (the rew_inf device's GPU, or CPU)."""
 
-    def __init__(self, reward_cfg, tokenizer_dir: str):
+    def __init__(self, reward_cfg, tokenizer_dir: str, device: str = "cpu"):
         from transformers import AutoTokenizer
 
         from rewards.build import build_reward_fn
 
-        self.fn: Any = build_reward_fn(reward_cfg, AutoTokenizer.from_pretrained(tokenizer_dir))
+        self.fn: Any = build_reward_fn(reward_cfg, AutoTokenizer.from_pretrained(tokenizer_dir), device)
 
     def score(self, samples):
         return self.fn(samples)
@@ -234,7 +235,7 @@ class PlanRuntime:
             "critic_inf": (CriticWorker, dict(model_dir=critic_dir, **train_kw), ()),
             "ref": (RefWorker, dict(model_dir=policy_dir, temperature=temperature, offload=calls["ref_inf"].offload,
                                     **common), ()),
-            "reward": (RewardWorker, reward_kwargs, None),
+            "reward": (RewardWorker, {**reward_kwargs, "device": "cuda" if backend == "nccl" else "cpu"}, None),
         }
         port, groups = pool.free_port(), mesh_groups(plan)
 
