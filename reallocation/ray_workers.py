@@ -249,6 +249,9 @@ class SimulatedCluster:
         from ray.cluster_utils import Cluster
 
         apply_defaults()
+        # Ray's memory monitor kills workers when the *machine* is nearly full, whoever fills it; on
+        # a shared test machine that is usually someone else.
+        os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
         node = {"num_cpus": self.num_cpus, "num_gpus": self.gpus_per_node, "node_ip_address": "127.0.0.1",
                 "include_dashboard": False}
         self.cluster = Cluster(initialize_head=True, head_node_args=node)
