@@ -93,14 +93,15 @@ def _plot(rows: list[dict], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(11, 4.5))
     width = 0.27
     for k, (name, label) in enumerate(BASELINE_LABELS.items()):
-        values = [r[f"speedup_vs_{name}"] or 0.0 for r in rows]
+        values = [r[f"speedup_vs_{name}"] or float("nan") for r in rows]
         bars = ax.bar([i + (k - 1) * width for i in range(len(rows))], values, width, label=f"search vs {label}")
         for bar, r in zip(bars, rows):
             if r[f"speedup_vs_{name}"] is None:
-                ax.text(bar.get_x() + width / 2, 0.05, "oom", ha="center", va="bottom", rotation=90, fontsize=7)
+                ax.text(bar.get_x() + width / 2, 1.05, "oom", ha="center", va="bottom", rotation=90, fontsize=7)
     ax.axhline(1.0, color="grey", lw=0.8)
+    ax.set_yscale("log")
     ax.set_xticks(range(len(rows)), [r["setting"].replace(" on ", "\n").replace(", gen", "\ngen") for r in rows], fontsize=7)
-    ax.set_ylabel("predicted speedup of the searched plan (×)")
+    ax.set_ylabel("predicted speedup of the searched plan (×, log)")
     ax.set_title("Plan search vs baselines (estimator predictions, A100-80GB nodes, batch 512, prompt 128)")
     ax.legend(fontsize=8)
     fig.tight_layout()

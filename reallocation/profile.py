@@ -356,7 +356,8 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     rx, ry = ranks(xs), ranks(ys)
     mx, my = statistics.fmean(rx), statistics.fmean(ry)
     cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    return cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    spread = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+    return cov / spread if spread else math.nan  # undefined when either side is constant
 
 
 def check(profile: Profile, *, workloads=CHECK_WORKLOADS, ranks=CHECK_RANKS, calls=CHECK_CALLS,

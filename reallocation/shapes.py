@@ -5,8 +5,8 @@ Shapes come from the published HF configs (``config.json`` of each model):
 
 - ``llama-2-7b`` / ``-13b`` / ``-70b``: meta-llama/Llama-2-*-hf (32000-token vocabulary, untied head;
   70B uses 8 kv heads);
-- ``llama-2-34b``: LLaMA-2 34B was never released; like the ReaL paper we use CodeLlama-34B's shape
-  (48 layers, hidden 8192, 8 kv heads) with LLaMA-2's 32000-token vocabulary;
+- ``llama-2-34b``: LLaMA-2 34B was never released; we use CodeLlama-34B's shape (48 layers, hidden
+  8192, 8 kv heads) with LLaMA-2's 32000-token vocabulary;
 - ``qwen2.5-math-1.5b`` / ``-7b``: Qwen/Qwen2.5-Math-*B (q/k/v bias; 1.5B ties its embedding).
 """
 
