@@ -16,9 +16,9 @@ PIP="$VENV/bin/pip"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 "$PIP" install -q torch==2.13.0
 if [ "${REALM_GPU:-0}" = "1" ]; then
-  "$PIP" install -q -e ".[test,lint,gpu]"
+  "$PIP" install -q -e ".[test,lint,gpu,wandb]"
 else
-  "$PIP" install -q -e ".[test,lint,cpu]"
+  "$PIP" install -q -e ".[test,lint,cpu,wandb]"
   # These break `import vllm` on CPU (torchvision ops missing for the CPU torch); triton is unused on CPU.
   "$PIP" uninstall -q -y torchvision torchaudio torchcodec triton 2>/dev/null || true
 fi

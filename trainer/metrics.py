@@ -40,6 +40,7 @@ class MetricsWriter:
             self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         except Exception:  # noqa: BLE001 - TensorBoard is optional output, never a reason to stop training
             self.tb = None
+        self.wandb = start_wandb(run_dir)
 
     def log(self, iteration: int, metrics: dict[str, float]) -> None:
         row = {"iteration": iteration, **{k: _plain(v) for k, v in metrics.items()}}
@@ -50,6 +51,8 @@ class MetricsWriter:
                 if isinstance(v, (int, float)) and math.isfinite(v) and k != "iteration":
                     self.tb.add_scalar(k, v, iteration)
             self.tb.flush()
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in row.items() if k != "iteration"}, step=iteration)
 
     def log_samples(self, iteration: int, samples: list[dict[str, Any]]) -> None:
         with self.samples_path.open("a", encoding="utf-8") as f:
@@ -59,6 +62,37 @@ class MetricsWriter:
     def close(self) -> None:
         if self.tb is not None:
             self.tb.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def start_wandb(run_dir: Path, environ: Any = None):
+    """A Weights & Biases run mirroring the metrics, or None (the default: REALM_WANDB is not 1).
+
+    Off unless REALM_WANDB=1 (pip install -e ".[wandb]"). wandb's own variables apply: WANDB_MODE=offline
+    writes under <run_dir>/wandb with no network (`wandb sync` uploads it later), WANDB_PROJECT (default
+    "realm"), WANDB_ENTITY, WANDB_API_KEY. The wandb run id is derived from the run directory, so a
+    relaunched run (run.name) continues the same wandb run. Driver process only: workers never log.
+    """
+    import hashlib
+    import os
+
+    environ = os.environ if environ is None else environ
+    if environ.get("REALM_WANDB", "0") != "1":
+        return None
+    try:
+        import wandb
+    except ImportError:
+        raise RuntimeError('REALM_WANDB=1 but wandb is not installed: pip install -e ".[wandb]"') from None
+    config = {}
+    hydra_config = run_dir / ".hydra" / "config.yaml"
+    if hydra_config.exists():
+        from omegaconf import OmegaConf
+
+        config = OmegaConf.to_container(OmegaConf.load(hydra_config))
+    run_id = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
+    return wandb.init(project=environ.get("WANDB_PROJECT", "realm"), name=run_dir.name, id=run_id, resume="allow",
+                      dir=str(run_dir), config=config)
 
 
 def _plain(v: Any) -> Any:
