@@ -11,7 +11,7 @@ trap 'rm -rf "$work"' EXIT
 "$PY" -m venv "$work/venv"
 # PIP_FIND_LINKS may point at a local CPU torch wheel on these machines; a GPU node resolves from the registry.
 env -u PIP_FIND_LINKS PIP_DISABLE_PIP_VERSION_CHECK=1 "$work/venv/bin/pip" install --quiet --dry-run \
-  --ignore-installed --report "$work/report.json" ".[gpu]"
+  --ignore-installed --report "$work/report.json" ".[gpu]" 2> >(grep -v "^WARNING: Location .* is ignored" >&2)
 "$work/venv/bin/python" - "$work/report.json" <<'PYEOF'
 import json, sys
 chosen = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.load(open(sys.argv[1]))["install"]}

@@ -20,7 +20,7 @@ TINY = ("sft.num_steps=30 rollout.num_prompts=4 rollout.num_samples_per_prompt=2
 @pytest.mark.slow
 def test_tiny_sweep_trains_evaluates_and_tabulates_six_reward_options(tmp_path):
     env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path), TRAIN_ARGS=TINY, EVAL_ARGS="limit=4",
-               VLLM_LOGGING_LEVEL="ERROR")
+               VLLM_LOGGING_LEVEL="ERROR", RAY_ADDRESS="local")  # a Ray of its own
     proc = subprocess.run(["bash", "scripts/reproduce_reward_paper.sh", "tiny"], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=5400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -18,7 +18,8 @@ SMALL = ["sft.num_steps=30", "rollout.num_prompts=4", "rollout.num_samples_per_p
 
 
 def _run(args: list[str], timeout: int = 1800) -> subprocess.CompletedProcess:
-    env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
+    # RAY_ADDRESS=local: a new Ray of its own even when another job on the machine runs one (ray.init would join it).
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR", RAY_ADDRESS="local")
     proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
