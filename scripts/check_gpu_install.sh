@@ -9,8 +9,9 @@ PY="${PYTHON:-python3.11}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 "$PY" -m venv "$work/venv"
-# PIP_FIND_LINKS may point at a local CPU torch wheel on these machines; a GPU node resolves from the registry.
-env -u PIP_FIND_LINKS PIP_DISABLE_PIP_VERSION_CHECK=1 "$work/venv/bin/pip" install --quiet --dry-run \
+# Only the registry: no pip config files (PIP_CONFIG_FILE=/dev/null) and no find-links, which on these CPU
+# machines point at local CPU torch wheels and constraints; a GPU node resolves from the registry too.
+env -u PIP_FIND_LINKS -u PIP_CONSTRAINT PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 "$work/venv/bin/pip" install --quiet --dry-run \
   --ignore-installed --report "$work/report.json" ".[gpu]" 2> >(grep -v "^WARNING: Location .* is ignored" >&2)
 "$work/venv/bin/python" - "$work/report.json" <<'PYEOF'
 import json, sys
