@@ -3,12 +3,11 @@
     specs = model_specs(cfg)                     # "actor", "critic", "ref" (+ "reward") -> ModelSpec
     plan = resolve_plan(cfg, specs)              # heuristic | search | disjoint | PATH.yaml
 
-- ``heuristic`` (the default): a fixed rule that fits any cluster shape. Generation uses every
-  device, as vLLM replicas of the smallest TP that keeps a replica's weights within
-  ``GEN_WEIGHT_BYTES_PER_DEVICE`` (TP 1 on CPU). On one node every other call uses every device
-  too; on several, the actor's side (training, reference) takes the first half of the nodes and
-  the critic's side (critic, reward model) the rest. Training is FSDP over its devices; inference
-  is data-parallel in the same TP rule as generation. On GPUs, training checkpoints activations;
+- ``heuristic`` (the default): a fixed rule that fits any cluster shape, in the layouts the plan
+  runtime runs (data parallel only: FSDP for training, replicas for generation and inference).
+  Generation uses every device, one vLLM replica each. On one node every other call uses every
+  device too; on several, the actor's side (training, reference) takes the first half of the nodes
+  and the critic's side (critic, reward model) the rest. On GPUs, training checkpoints activations;
   training and inference use micro-batches of at most ``TOKENS_PER_MICROBATCH`` tokens per device,
   generation runs in waves whose KV cache fits ``KV_BYTES_PER_DEVICE``, and the frozen reference
   and reward models leave the GPU between their calls (offload).
@@ -37,8 +36,6 @@ from reallocation.layout import ModelSpec
 from rewards.config import BUILTIN_REWARD_MODELS, RewardKind
 from trainer.config import TrainConfig
 
-GEN_WEIGHT_BYTES_PER_DEVICE = 8 << 30
-"""Heuristic: a generation replica's bf16 weights per GPU at most this (leaves room for the KV cache)."""
 TOKENS_PER_MICROBATCH = 16384
 """Heuristic: training and inference micro-batches of at most this many tokens per GPU."""
 KV_BYTES_PER_DEVICE = 16 << 30
@@ -144,25 +141,6 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec]):
 # ----------------------------------------------------------------------------------------------- rules
 
 
-def _tp_ok(spec: ModelSpec, tp: int) -> bool:
-    """tp splits heads and the 64-padded vocabulary, and kv heads (or kv heads divide tp: vLLM's rule)."""
-    padded_vocab = -(-spec.vocab_size // 64) * 64
-    kv_ok = spec.num_kv_heads % tp == 0 or tp % spec.num_kv_heads == 0
-    return spec.num_heads % tp == 0 and kv_ok and padded_vocab % tp == 0
-
-
-def generation_tp(spec: ModelSpec, num_devices: int, on_gpu: bool) -> int:
-    """Smallest valid TP dividing ``num_devices`` whose bf16 weight share fits GEN_WEIGHT_BYTES_PER_DEVICE.
-
-    Qwen2.5-Math-7B (7.6e9 params, 15.2 GB): tp 2 (7.1 GiB each); 1.5B: tp 1. Always 1 on CPU.
-    """
-    if not on_gpu:
-        return 1
-    valid = [t for t in range(1, num_devices + 1) if num_devices % t == 0 and _tp_ok(spec, t)]
-    fitting = [t for t in valid if spec.num_params() * 2 / t <= GEN_WEIGHT_BYTES_PER_DEVICE]
-    return fitting[0] if fitting else valid[-1]
-
-
 def _microbatches(rows_per_replica: int, seq_len: int, on_gpu: bool) -> int:
     """Power of two giving <= TOKENS_PER_MICROBATCH tokens per micro-batch (1 on CPU), <= the rows."""
     if not on_gpu or rows_per_replica <= 1:
@@ -173,8 +151,8 @@ def _microbatches(rows_per_replica: int, seq_len: int, on_gpu: bool) -> int:
 
 def _generation_waves(spec: ModelSpec, tp: int, rows_per_replica: int, seq_len: int, on_gpu: bool) -> int:
     """Power of two of waves so that one wave's KV cache (K and V, bf16, every layer, full length)
-    fits KV_BYTES_PER_DEVICE; 1 on CPU. Qwen2.5-Math-7B at tp 2 holds 2 of its 4 kv heads: 2 * 2 *
-    128 * 2 B * 28 layers = 28 KiB per token, 58.7 MB per 2048-token sequence, 292 sequences per wave."""
+    fits KV_BYTES_PER_DEVICE; 1 on CPU. Qwen2.5-Math-7B at tp 1 (4 kv heads): 2 * 4 * 128 * 2 B *
+    28 layers = 56 KiB per token, 117 MB per 2048-token sequence, 146 sequences per wave."""
     if not on_gpu or rows_per_replica <= 1:
         return 1
     kv_heads = max(1, spec.num_kv_heads // tp)
@@ -203,11 +181,10 @@ def heuristic_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec], *, rows:
 
     def allocation(call: str, spec: ModelSpec) -> CallAllocation:
         devices, train = mesh[call], call.endswith("_train")
-        tp = 1 if train else generation_tp(spec, math.gcd(len(devices), per_node), gpu)
-        dp = len(devices) // tp
-        waves = (_generation_waves(spec, tp, rows // dp, seq_len, gpu) if call == "actor_gen"
+        dp = len(devices)
+        waves = (_generation_waves(spec, 1, rows // dp, seq_len, gpu) if call == "actor_gen"
                  else _microbatches(rows // dp, seq_len, gpu))
-        return CallAllocation(devices=devices, dp=dp, tp=tp, num_microbatches=waves,
+        return CallAllocation(devices=devices, dp=dp, num_microbatches=waves,
                               activation_checkpointing=train and gpu, offload=call in ("ref_inf", "rew_inf") and gpu)
 
     calls = {c: allocation(c, specs[CALL_MODEL[c]]) for c in CALLS if CALL_MODEL[c] in specs}
@@ -232,9 +209,7 @@ def disjoint_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec]) -> Execut
         devices = tuple(range(first, first + size))
         first += size
         for call in role:
-            spec = specs["critic" if call.startswith("critic") else "reward" if call == "rew_inf" else "actor"]
-            tp = generation_tp(spec, size, cluster.uses_gpus) if call == "actor_gen" else 1
-            calls[call] = CallAllocation(devices=devices, dp=size // tp, tp=tp)
+            calls[call] = CallAllocation(devices=devices, dp=size)
     return ExecutionPlan(cluster.num_nodes, cluster.devices_per_node, calls, source="disjoint")
 
 

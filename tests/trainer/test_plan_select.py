@@ -15,7 +15,6 @@ from trainer.config import TrainConfig, register_configs
 from trainer.plan_select import (
     PLAN_FILE,
     disjoint_plan,
-    generation_tp,
     heuristic_plan,
     model_spec,
     model_specs,
@@ -40,15 +39,6 @@ def test_qwen_math_shapes_give_the_published_parameter_counts():
     assert (large.num_heads, large.num_kv_heads, large.head_dim, large.num_layers) == (28, 4, 128, 28)
 
 
-def test_generation_tp_keeps_a_replica_within_8_gib_per_gpu():
-    small = model_spec(_cfg("model=qwen2.5-math-1.5b").model)
-    large = model_spec(_cfg("model=qwen2.5-math-7b").model)
-    # 1.5B: 3.1 GB of bf16 weights -> tp 1; 7B: 15.2 GB -> tp 2 (7.1 GiB); CPU: always 1.
-    assert generation_tp(small, 8, on_gpu=True) == 1
-    assert generation_tp(large, 8, on_gpu=True) == 2
-    assert generation_tp(large, 8, on_gpu=False) == 1
-
-
 @pytest.mark.parametrize("cluster", ["local_cpu", "gpu_1x8", "gpu_2x8"])
 @pytest.mark.parametrize("model", ["tiny", "qwen2.5-math-1.5b-instruct", "qwen2.5-math-7b-instruct"])
 def test_heuristic_uses_every_device_and_never_more(cluster, model):
@@ -67,23 +57,26 @@ def test_heuristic_uses_every_device_and_never_more(cluster, model):
 
 
 def test_heuristic_on_gpus_worked_example_7b_on_one_node():
-    # 512 rows of 256 + 48 tokens; 8 GPUs: generation tp 2 x dp 4; training FSDP 8 with 64 rows x 304
-    # tokens = 19456 tokens per GPU -> 2 micro-batches of <= 16384; inference dp 4: 128 rows -> 4.
+    # 512 rows of 256 + 48 tokens on 8 GPUs, data parallel only: 64 rows x 304 tokens = 19456 tokens
+    # per GPU -> 2 micro-batches of <= 16384 for training and inference; generation in 1 wave
+    # (64 sequences x 304 tokens x 56 KiB of KV cache per token = 1.1 GB per GPU).
     cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-7b-instruct")
     calls = resolve_plan(cfg, model_specs(cfg)).calls
-    assert (calls["actor_gen"].dp, calls["actor_gen"].tp) == (4, 2)
+    assert all((a.dp, a.tp, a.pp) == (8, 1, 1) for a in calls.values())
+    assert calls["actor_gen"].num_microbatches == 1
     assert (calls["actor_train"].num_microbatches, calls["actor_train"].activation_checkpointing) == (2, True)
-    assert (calls["ref_inf"].tp, calls["ref_inf"].num_microbatches, calls["ref_inf"].offload) == (2, 4, True)
+    assert (calls["ref_inf"].num_microbatches, calls["ref_inf"].offload) == (2, True)
     assert not calls["critic_inf"].offload
 
 
 def test_generation_runs_in_waves_whose_kv_cache_fits_16_gib():
-    # 4096 prompts x 8 samples of 1024 + 1024 tokens on one 8-GPU node: 7B at tp 2 x dp 4, so 8192
-    # sequences per replica x 58.7 MB of KV cache (28 KiB per token) = 448 GiB -> 28 -> 32 waves.
+    # 4096 prompts x 8 samples of 1024 + 1024 tokens on one 8-GPU node: 4096 sequences per 7B replica
+    # x 117 MB of KV cache (2 x 4 kv heads x 128 x 2 B x 28 layers = 56 KiB per token) = 448 GiB
+    # -> 28 -> 32 waves.
     cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-7b-instruct", "rollout.num_prompts=4096",
                "rollout.num_samples_per_prompt=8", "rollout.max_prompt_tokens=1024", "rollout.max_new_tokens=1024")
     gen = resolve_plan(cfg, model_specs(cfg)).calls["actor_gen"]
-    assert (gen.dp, gen.tp, gen.num_microbatches) == (4, 2, 32)
+    assert (gen.dp, gen.tp, gen.num_microbatches) == (8, 1, 32)
 
 
 @pytest.mark.parametrize("num_nodes, per_node", [(1, 1), (1, 3), (2, 3), (3, 2), (1, 6)])
@@ -203,5 +196,4 @@ def test_a_public_prm_is_planned_from_its_known_shape_without_download():
     specs = model_specs(cfg)
     assert round(specs["reward"].num_params() / 1e9, 2) == 7.24  # Mistral-7B
     rew = resolve_plan(cfg, specs).calls["rew_inf"]
-    # 14.5 GB of bf16 weights: tp 2 (6.7 GiB each; 32 heads and 8 kv heads split), dp 4, offloaded.
-    assert (rew.tp, rew.dp, rew.offload) == (2, 4, True)
+    assert (rew.tp, rew.dp, rew.offload) == (1, 8, True)  # 14.5 GB of weights per GPU, only during its call
