@@ -46,6 +46,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -250,6 +251,7 @@ def run_trl(cfg, prompts: list[list[list[int]]], work: Path, threads: int) -> di
     proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "_trl_ppo.py"), str(spec_path), str(out_path)],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(work))
     tail: list[str] = []
+    assert proc.stdout is not None  # stdout=PIPE
     for line in proc.stdout:  # progress lines through; HF's per-step metric dicts and load bars kept quiet
         line = line.rstrip("\n")
         tail = (tail + [line])[-25:]
@@ -417,8 +419,8 @@ def main(argv: list[str] | None = None) -> None:
             _log(f"TRL unavailable: {e}")
 
     (REPO / ".cache").mkdir(exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix="ppo-iteration-bench-", dir=REPO / ".cache") as work:
-        work = Path(work)
+    with tempfile.TemporaryDirectory(prefix="ppo-iteration-bench-", dir=REPO / ".cache") as tmp:
+        work = Path(tmp)
         _log(f"[1/2] realm: {workload['rollouts']} rollouts x {workload['max_new_tokens']} tokens, "
              f"{args.iterations} iterations (Ray + vLLM start-up first)")
         realm = run_realm(cfg, work / "realm-run")
@@ -428,7 +430,7 @@ def main(argv: list[str] | None = None) -> None:
         if args.placement_baseline is not None:
             placement = run_placement_baseline(args, realm, work / "realm-baseline-run")
         if args.skip_trl:
-            trl = {"status": "skipped", "error": "--skip-trl"}
+            trl: dict[str, Any] = {"status": "skipped", "error": "--skip-trl"}
         elif trl_error:
             trl = {"status": "error", "error": trl_error}
         else:

@@ -25,6 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 # Run from anywhere: the repository root is the parent of bench/.
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -160,8 +161,10 @@ def _worker(rank: int, world_size: int, store: str, args) -> None:
         # Alternate the two (one untimed warm-up each) and keep the best time of each: the
         # machine may be shared, and alternating exposes both to the same background load.
         times, base_times = [], []
+        got: Any = None
+        base: Any = None
         for rep in range(args.repeats + 1):
-            got = base = None
+            got = base = None  # the previous repeat's tensors go before the next one runs
             (got, stats), seconds, rss_extra = _timed(ours)
             base, base_seconds, base_rss_extra = _timed(baseline)
             if rep > 0:
@@ -173,7 +176,7 @@ def _worker(rank: int, world_size: int, store: str, args) -> None:
         dst_bytes = sum(t.numel() * t.element_size() for t in got.values())
         del got, base, shards, ours, baseline
 
-        gathered = [None] * world_size
+        gathered: list[Any] = [None] * world_size
         dist.all_gather_object(gathered, dict(
             exact=exact, base_exact=base_exact, peak_buffer=stats.peak_buffer_bytes, rss_extra=rss_extra,
             base_rss_extra=base_rss_extra, dst_bytes=dst_bytes, received=stats.bytes_received,

@@ -22,7 +22,7 @@ on ``rewards``. The command that scores with a reward model is ``python -m rewar
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -75,7 +75,7 @@ def expected_best_of_n(scores: Sequence[float], correct: Sequence[bool], num_cho
 
 def best_of_n_curves(
     problems: Sequence[Sequence[dict[str, Any]]],
-    response_scores: dict[str, Sequence[Sequence[float]]],
+    response_scores: Mapping[str, Sequence[Sequence[float]]],
     ns: Sequence[int] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Accuracy against N for each method.

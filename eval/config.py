@@ -33,7 +33,7 @@ def unknown_keys(cfg: DictConfig | ListConfig, prefix: str = "") -> list[str]:
     schema = OmegaConf.get_type(cfg)
     declared = {f.name for f in dataclasses.fields(schema)} if dataclasses.is_dataclass(schema) else None
     for key in cfg.keys():
-        name = f"{prefix}.{key}" if prefix else str(key)
+        name = f"{prefix}.{key!s}" if prefix else str(key)
         if declared is not None and key not in declared:
             found.append(name)
             continue

@@ -128,7 +128,9 @@ def make_problem(seed: int, index: int, difficulty: int = 2) -> tuple[Problem, l
 
 def generate_problems(num_problems: int, seed: int = 0, difficulty: int = 2) -> list[Problem]:
     """``num_problems`` distinct problems (by question text), deterministic in (seed, difficulty)."""
-    problems, seen, index = [], set(), 0
+    problems: list[Problem] = []
+    seen: set[str] = set()
+    index = 0
     while len(problems) < num_problems:
         if index > 50 * num_problems + 1000:
             raise ValueError(f"synthetic difficulty={difficulty} has fewer than {num_problems} distinct problems")

@@ -33,8 +33,8 @@ def make_mesh(dp: int = 1, tp: int = 1, device_type: str | None = None):
     return init_device_mesh(device_type, (dp, tp), mesh_dim_names=("dp", "tp"))
 
 
-def _base(model: nn.Module) -> nn.Module:
-    """The decoder stack (``model.model`` for HF Llama/Qwen2 heads)."""
+def _base(model: nn.Module) -> Any:
+    """The decoder stack (``model.model`` for HF Llama/Qwen2 heads), with ``.layers`` and ``.embed_tokens``."""
     base = getattr(model, getattr(model, "base_model_prefix", "model"), None)
     if base is None or not hasattr(base, "layers"):
         raise TypeError(f"expected an HF Llama/Qwen2 model with .{getattr(model, 'base_model_prefix', 'model')}.layers")
@@ -51,7 +51,7 @@ def apply_tp(model: nn.Module, tp_mesh: Any) -> nn.Module:
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
     tp = tp_mesh.size()
-    config = model.config
+    config: Any = model.config
     num_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     if config.num_attention_heads % tp or num_kv % tp:
         raise ValueError(f"tp={tp} must divide num_attention_heads={config.num_attention_heads} and num_key_value_heads={num_kv}")
@@ -66,15 +66,16 @@ def apply_tp(model: nn.Module, tp_mesh: Any) -> nn.Module:
             "mlp.up_proj": ColwiseParallel(),
             "mlp.down_proj": RowwiseParallel(),
         })
-    tied = getattr(model, "lm_head", None) is not None and model.lm_head.weight is base.embed_tokens.weight
+    head: Any = getattr(model, "lm_head", None)
+    tied = head is not None and head.weight is base.embed_tokens.weight
     # RowwiseParallel on an Embedding shards the vocabulary (dim 0) and all-reduces the output.
     parallelize_module(base.embed_tokens, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
-    if getattr(model, "lm_head", None) is not None:
-        parallelize_module(model.lm_head, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
+    if head is not None:
+        parallelize_module(head, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
         if tied:
             # parallelize_module replaced each module's Parameter with its own DTensor; both are
             # Shard(0) over the same mesh, so re-tying keeps one shared, sharded tensor.
-            model.lm_head.weight = base.embed_tokens.weight
+            head.weight = base.embed_tokens.weight
     return model
 
 

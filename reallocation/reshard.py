@@ -133,7 +133,8 @@ def _round_ops(round_msgs: list[Message], plan: Plan, rank: int, src_shards, dst
     return ops, staged
 
 
-def _staged_view(buf: torch.Tensor, op: _Op) -> torch.Tensor:
+def _staged_view(buf: torch.Tensor | None, op: _Op) -> torch.Tensor:
+    assert buf is not None and op.staged_at is not None  # only staged ops are viewed, after the buffer exists
     nbytes = box_numel(tuple((0, n) for n in op.shape)) * op.wire_dtype.itemsize
     return buf[op.staged_at : op.staged_at + nbytes].view(op.wire_dtype).view(op.shape)
 

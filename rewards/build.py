@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import torch
 
@@ -125,7 +125,8 @@ class ShapedReward:
         metrics: dict[str, float] = {}
 
         if cfg.kind == RewardKind.orm:
-            scores = torch.tensor(self.reward_model.score_outcomes([s.question for s in samples], [seg.text for seg in segments]))
+            orm = cast(OutcomeScorer, self.reward_model)  # kind orm: the constructor required one
+            scores = torch.tensor(orm.score_outcomes([s.question for s in samples], [seg.text for seg in segments]))
             learned = cfg.alpha * scores * (lengths > 0)
             metrics["reward/orm_score"] = float(scores.mean()) if batch else 0.0
         elif cfg.kind == RewardKind.prm:
@@ -134,6 +135,7 @@ class ShapedReward:
             for b, c in enumerate(step_scores):
                 scores[b, : len(c)] = torch.tensor(c)
             if self._calibrate_eta:
+                assert cfg.eta_zero_fraction is not None  # _calibrate_eta is only set when it is
                 self.eta = eta_for_zero_fraction(step_scores, cfg.eta_zero_fraction)
                 self._calibrate_eta = False
             step_rewards = cfg.alpha * refine_batched(scores, step_mask, cfg.refinement, self.eta)
@@ -157,7 +159,8 @@ class ShapedReward:
         """c_k for every response with at least one step (an empty response has none)."""
         scored = [b for b, seg in enumerate(segments) if seg.num_steps]
         out: list[list[float]] = [[] for _ in samples]
-        results = self.reward_model.score_steps([samples[b].question for b in scored], [segments[b].steps for b in scored])
+        prm = cast(StepScorer, self.reward_model)  # kind prm: the constructor required one
+        results = prm.score_steps([samples[b].question for b in scored], [segments[b].steps for b in scored])
         for b, c in zip(scored, results):
             if len(c) != segments[b].num_steps:
                 raise RewardModelError(f"reward model returned {len(c)} scores for {segments[b].num_steps} steps")

@@ -37,7 +37,7 @@ class MetricsWriter:
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+            self.tb: SummaryWriter | None = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
         except Exception:  # noqa: BLE001 - TensorBoard is optional output, never a reason to stop training
             self.tb = None
         self.wandb = start_wandb(run_dir)

@@ -73,7 +73,7 @@ def _single(node: Node) -> Node:
 
 
 def _flat(items: tuple) -> tuple:
-    out = []
+    out: list[Node] = []
     for item in items:
         if isinstance(item, Items):
             out.extend(item.items)

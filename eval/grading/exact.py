@@ -44,6 +44,7 @@ def _tokenize(text: str) -> list[tuple[str, str]]:
                 break
             raise NotExact(text[pos:])
         kind = m.lastgroup
+        assert kind is not None  # every alternative of the pattern is a named group
         tokens.append((kind, m.group(kind)))
         pos = m.end()
     return tokens

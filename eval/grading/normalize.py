@@ -87,7 +87,7 @@ class Assignment:
     """`x = 5`, `(a, b) = (4, 5)`, `y = 2x + 3`: a label and the value it is given."""
 
     lhs: str
-    value: object
+    value: Node  # the union of every node type, defined below
 
 
 @dataclass(frozen=True)
@@ -494,7 +494,7 @@ def _has_variable(s: str) -> bool:
 
 
 def _flatten(nodes) -> tuple:
-    out = []
+    out: list[Node] = []
     for node in nodes:
         if isinstance(node, Items):
             out.extend(node.items)
@@ -556,7 +556,9 @@ def _inequality(s: str, parts: list[str]) -> Node:
     if len(labels) != 1 or any(not t for t in terms):
         return Raw(canon_scalar(s))
     k = labels[0]
-    lo, lo_closed, hi, hi_closed = _NEG_INF, False, _INF, False
+    lo: Node = _NEG_INF
+    hi: Node = _INF
+    lo_closed = hi_closed = False
     flip = {"<": ">", ">": "<", "\\le": "\\ge", "\\ge": "\\le", "\\ne": "\\ne"}
     for j, op in enumerate(ops):
         if j == k:  # x op c

@@ -41,7 +41,9 @@ class _Worker:
             stderr=subprocess.DEVNULL,
             close_fds=True,
         )
-        self.fd = self.proc.stdout.fileno()
+        assert self.proc.stdin is not None and self.proc.stdout is not None  # both are pipes
+        self.stdin, self.stdout = self.proc.stdin, self.proc.stdout
+        self.fd = self.stdout.fileno()
         self.buffer = b""
         self.ready = False
         self.started_at = time.monotonic()
@@ -52,8 +54,8 @@ class _Worker:
         answer, gold = task.batch.items[task.index]
         line = json.dumps({"id": task.index, "answer": answer, "gold": gold}) + "\n"
         try:
-            self.proc.stdin.write(line.encode())
-            self.proc.stdin.flush()
+            self.stdin.write(line.encode())
+            self.stdin.flush()
             return True
         except (OSError, ValueError):
             return False
@@ -75,7 +77,7 @@ class _Worker:
             self.proc.kill()
         except OSError:
             pass
-        for stream in (self.proc.stdin, self.proc.stdout):
+        for stream in (self.stdin, self.stdout):
             try:
                 stream.close()
             except OSError:
