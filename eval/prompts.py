@@ -130,9 +130,10 @@ def load_template(spec: str) -> PromptTemplate:
         raise ValueError(f"prompt file {path}: no such file")
     from omegaconf import OmegaConf
 
-    fields = OmegaConf.to_container(OmegaConf.load(path))
-    if not isinstance(fields, dict):
+    loaded = OmegaConf.to_container(OmegaConf.load(path))
+    if not isinstance(loaded, dict):
         raise ValueError(f"prompt file {path}: expected a mapping of template fields")
+    fields: dict[str, Any] = {str(k): v for k, v in loaded.items()}
     known = {f.name for f in dataclasses.fields(PromptTemplate)}
     unknown = set(fields) - known
     if unknown:

@@ -134,7 +134,9 @@ def to_vllm_shards(
             continue
         parts = pending.setdefault(name, {})
         parts[index] = shard
-        if len(parts) == _NUM_PARTS[_LAYER.match(name).group(2)]:
+        layer = _LAYER.match(name)
+        assert layer is not None  # fused parts (q/k/v, gate/up) are always layer parameters
+        if len(parts) == _NUM_PARTS[layer.group(2)]:
             del pending[name]
             yield emit(name, torch.cat([parts[i] for i in range(len(parts))], dim=0))
     if strict:

@@ -109,7 +109,7 @@ def source_shards(module_or_state_dict: torch.nn.Module | Mapping[str, torch.Ten
     import torch.distributed as dist
 
     tensors: dict[str, torch.Tensor] = {}
-    meta: dict[str, tuple[Box, Shape, str]] = {}
+    meta: dict[str, tuple[Box | None, Shape, str]] = {}  # box None: a plain (unsharded) tensor
     for name, tensor in _unique_items(module_or_state_dict):
         local, box = _local_box(tensor)
         meta[name] = (box, tuple(tensor.shape), str(tensor.dtype).removeprefix("torch."))
