@@ -136,6 +136,12 @@ def _text_key(node: Node) -> str | None:
 
 
 def nodes_equal(gold: Node, answer: Node, ops: ScalarOps) -> bool:
+    """Whether ``answer`` states ``gold`` under the grading policy.
+
+    Kept whole (79 lines): it is one ordered table of cases over the pair of node kinds, and the
+    order is the policy (an assignment is unwrapped before sets, sets before sequences, ...); split
+    up, the order would be spread over several functions.
+    """
     g, a = _single(gold), _single(answer)
 
     # `x = 5` answers `5`; `y = 2x + 3` and `2x - y + 3 = 0` are the same line.
