@@ -54,7 +54,7 @@ def test_script_runs_on_a_tiny_workload(tmp_path):
     out = tmp_path / "ppo.json"
     proc = subprocess.run(
         [sys.executable, "bench/ppo_iteration.py", "--json", str(out), "--skip-trl", "--iterations", "2",
-         "--num-prompts", "2", "--samples-per-prompt", "2", "--max-new-tokens", "8", "--heldout-limit", "2"],
+         "--num-prompts", "4", "--samples-per-prompt", "2", "--max-new-tokens", "8", "--heldout-limit", "2"],
         cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
