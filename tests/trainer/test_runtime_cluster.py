@@ -81,8 +81,10 @@ def test_device_pool_places_each_device_on_its_node_and_gpu(cluster_address):
 
 def _train(address: str, run_dir: Path, *overrides: str) -> list[dict]:
     args = [sys.executable, "train.py", f"cluster.address={address}", f"cluster.num_nodes={NUM_NODES}",
-            f"cluster.devices_per_node={GPUS_PER_NODE}", "run.num_iterations=2", "sft.num_steps=30",
-            "rollout.num_prompts=8", "rollout.num_samples_per_prompt=2", "rollout.max_new_tokens=24",
+            # 600 SFT steps (the default run's): some samples succeed, so advantages, losses and the
+            # updates are not zero and the comparison below means something.
+            f"cluster.devices_per_node={GPUS_PER_NODE}", "run.num_iterations=2", "sft.num_steps=600",
+            "rollout.num_prompts=8", "rollout.num_samples_per_prompt=2", "rollout.max_new_tokens=48",
             "data.synthetic_num_train=64", "data.synthetic_num_heldout=8", "run.eval_every=0",
             "run.num_heldout_samples=0", "ppo.num_minibatches=2", f"hydra.run.dir={run_dir}", *overrides]
     env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
@@ -129,6 +131,7 @@ def test_two_plans_train_the_same_on_a_simulated_two_node_cluster(cluster_addres
     # Reference and critic inference on their own devices ran while the actor computed its logprobs.
     for row in disjoint[1:]:
         assert row["call/ref_inf/start_s"] < row["call/actor_inf/end_s"]
+    assert all(0 < r["reward/success"] for r in disjoint[1:]) and any(r["actor/loss"] != 0 for r in disjoint[1:])
     keys = ["reward/success", "response/length", "kl/mean", "actor/loss", "actor/clip_frac", "actor/grad_norm",
             "critic/loss", "critic/grad_norm", "advantages/mean", "returns/mean"]
     for a, b in zip(runs["default"][1:], disjoint[1:]):
