@@ -1,10 +1,11 @@
 """realm's entry point: compose the config, build the parts, train.
 
-    python train.py                      # success reward, tiny model, synthetic task, local CPU
-    python train.py +reward=prm_delta    # + PRM with the Delta refinement
-    python train.py --cfg job +reward=prm_clip_delta model=qwen2.5-math-1.5b-instruct cluster=gpu_1x8
-    python train.py run.dry_run=true cluster=gpu_2x8 model=qwen2.5-math-7b-instruct   # the plan, no Ray
+python train.py                      # success reward, tiny model, synthetic task, local CPU
+python train.py +reward=prm_delta    # + PRM with the Delta refinement
+python train.py --cfg job +reward=prm_clip_delta model=qwen2.5-math-1.5b-instruct cluster=gpu_1x8
+python train.py run.dry_run=true cluster=gpu_2x8 model=qwen2.5-math-7b-instruct   # the plan, no Ray
 """
+
 from __future__ import annotations
 
 import sys
@@ -50,8 +51,12 @@ def main(cfg: DictConfig) -> None:
     except Exception:
         if hydra_cfg.mode == RunMode.MULTIRUN:
             # Hydra reports a failed sweep job only after the whole sweep: say it now, then let it go on.
-            print(f"[sweep] job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)}) failed:\n"
-                  f"{traceback.format_exc()}", file=sys.stderr, flush=True)
+            print(
+                f"[sweep] job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)}) failed:\n"
+                f"{traceback.format_exc()}",
+                file=sys.stderr,
+                flush=True,
+            )
         raise
 
 

@@ -18,6 +18,7 @@ What is timed (``time.monotonic``), per PPO iteration of ``trl.experimental.ppo.
 Generated tokens per response are counted like realm counts them: up to and including the first
 EOS, else the whole response. Model loading and trainer construction are outside every timer.
 """
+
 from __future__ import annotations
 
 import json
@@ -110,7 +111,7 @@ def main(spec_path: str, out_path: str) -> None:
         cur["generate"] = time.monotonic() - t
         cur["t_gen_end"] = time.monotonic()
         queries = a[1] if len(a) > 1 else kw["queries"]
-        responses = query_responses[:, queries.shape[1]:]
+        responses = query_responses[:, queries.shape[1] :]
         cur["tokens"], cur["stopped_at_eos"] = _count_tokens(responses, tok.eos_token_id)
         cur["rows"], cur["response_width"] = responses.shape
         return query_responses, logits
@@ -144,12 +145,22 @@ def main(spec_path: str, out_path: str) -> None:
             timings.append(row)
             marks["t_prev"] = now
             cur.clear()
-            print(f"[trl iter {row['iteration']}/{num_iterations}] {row['iteration_s']:.1f} s | gen {row['generate']:.1f} s "
-                  f"| {row['tokens']} tokens | {row['tokens_per_s']:.0f} tok/s", flush=True)
+            print(
+                f"[trl iter {row['iteration']}/{num_iterations}] {row['iteration_s']:.1f} s | gen {row['generate']:.1f} s "
+                f"| {row['tokens']} tokens | {row['tokens_per_s']:.0f} tok/s",
+                flush=True,
+            )
 
     trainer = PPOTrainer(
-        args=args, processing_class=tok, model=policy, ref_model=ref, reward_model=reward, value_model=value,
-        train_dataset=dataset, eval_dataset=dataset.select(range(batch_size)), callbacks=[Timer()],
+        args=args,
+        processing_class=tok,
+        model=policy,
+        ref_model=ref,
+        reward_model=reward,
+        value_model=value,
+        train_dataset=dataset,
+        eval_dataset=dataset.select(range(batch_size)),
+        callbacks=[Timer()],
     )
     # Same prompts per iteration as realm, in realm's order: replace TRL's shuffled loader with a
     # sequential one over [iteration 1's rows, iteration 2's rows, ...].
@@ -157,8 +168,11 @@ def main(spec_path: str, out_path: str) -> None:
         DataLoader(dataset, batch_size=batch_size, shuffle=False, collate_fn=trainer.data_collator, drop_last=True)
     )
     setup_s = time.monotonic() - t_start
-    print(f"[trl] models loaded and trainer built in {setup_s:.1f} s; {num_iterations} iterations of "
-          f"{batch_size} rollouts x {spec['max_new_tokens']} tokens", flush=True)
+    print(
+        f"[trl] models loaded and trainer built in {setup_s:.1f} s; {num_iterations} iterations of "
+        f"{batch_size} rollouts x {spec['max_new_tokens']} tokens",
+        flush=True,
+    )
     t = time.monotonic()
     trainer.train()
     train_s = time.monotonic() - t

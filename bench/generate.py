@@ -9,6 +9,7 @@ EOS; transformers runs first, with torch's default threads unless --hf-threads s
 vLLM engine runs torch with 1 thread while it is alive, see models/vllm_engine.py). The first call
 of each is a warm-up and not timed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,7 +32,9 @@ def load_model_config(name: str):
     return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(ModelConfig), OmegaConf.load(path)))
 
 
-def hf_tokens_per_s(model_dir: Path, dtype: str, prompts: list[str], max_new_tokens: int, threads: int) -> tuple[int, float]:
+def hf_tokens_per_s(
+    model_dir: Path, dtype: str, prompts: list[str], max_new_tokens: int, threads: int
+) -> tuple[int, float]:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -53,7 +56,7 @@ def hf_tokens_per_s(model_dir: Path, dtype: str, prompts: list[str], max_new_tok
     t = time.perf_counter()
     out = run(max_new_tokens)
     seconds = time.perf_counter() - t
-    new = out[:, batch["input_ids"].shape[1]:]
+    new = out[:, batch["input_ids"].shape[1] :]
     num_tokens = 0
     for row in new.tolist():
         for token in row:
@@ -64,7 +67,9 @@ def hf_tokens_per_s(model_dir: Path, dtype: str, prompts: list[str], max_new_tok
     return num_tokens, seconds
 
 
-def vllm_tokens_per_s(model_dir: Path, dtype: str, prompts: list[str], max_new_tokens: int) -> tuple[int, float, float, int]:
+def vllm_tokens_per_s(
+    model_dir: Path, dtype: str, prompts: list[str], max_new_tokens: int
+) -> tuple[int, float, float, int]:
     import torch
 
     from models.registry import max_context
@@ -113,7 +118,9 @@ def main() -> None:
     hf_threads = torch.get_num_threads()
     v_n, v_s, startup, v_threads = vllm_tokens_per_s(model_dir, cfg.dtype, prompts, args.max_new_tokens)
     hf_rate, v_rate = hf_n / hf_s, v_n / v_s
-    print(f"model {args.model} ({cfg.dtype}), {len(prompts)} {data} prompts, greedy, up to {args.max_new_tokens} new tokens")
+    print(
+        f"model {args.model} ({cfg.dtype}), {len(prompts)} {data} prompts, greedy, up to {args.max_new_tokens} new tokens"
+    )
     print("| path | generated tokens | seconds | tokens/s |")
     print("| --- | ---: | ---: | ---: |")
     print(f"| transformers.generate ({hf_threads} torch threads) | {hf_n} | {hf_s:.2f} | {hf_rate:.1f} |")

@@ -9,6 +9,7 @@ bare number anywhere; the report separates those rows.
 
     python bench/grade.py [--num-gsm8k 250] [--num-math 500] [--show 15]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -154,6 +155,7 @@ def build_cases(golds: list[tuple[str, str]], seed: int = 0) -> list[dict]:
         by_dataset[dataset].append(gold)
     cases = []
     for k, (dataset, gold) in enumerate(golds):
+
         def add(kind, response, label):
             # Called within this iteration only, so the loop variables are the ones meant.
             case = {"dataset": dataset, "gold": gold}  # noqa: B023
@@ -212,8 +214,10 @@ def main(argv=None) -> int:
     golds = [c["gold"] for c in cases]
     datasets = [c["dataset"] for c in cases]
     num_cases = len(cases)
-    print(f"{num_cases} cases from {args.num_gsm8k} GSM8K + {args.num_math} MATH-500 golds "
-          f"({sum(c['label'] for c in cases)} labeled correct)")
+    print(
+        f"{num_cases} cases from {args.num_gsm8k} GSM8K + {args.num_math} MATH-500 golds "
+        f"({sum(c['label'] for c in cases)} labeled correct)"
+    )
 
     # Warm both graders (worker start-up, ANTLR caches) so that the timings compare grading.
     mv = math_verify_grader()
@@ -247,10 +251,14 @@ def main(argv=None) -> int:
 
     print("\ntiming (same cases, same process, warmed up)")
     print(f"  math-verify parse+verify, sequential : {mv_time:7.2f} s  {1000 * mv_time / num_cases:6.3f} ms/pair")
-    print(f"  eval.grade grade_many (worker pool)  : {ours_time:7.2f} s  {1000 * ours_time / num_cases:6.3f} ms/pair"
-          f"  ratio {ours_time / mv_time:.2f}x of math-verify")
-    print(f"  eval.grade grade(), one at a time    : {ours_seq_time:7.2f} s  {1000 * ours_seq_time / num_cases:6.3f} ms/pair"
-          f"  ratio {ours_seq_time / mv_time:.2f}x of math-verify")
+    print(
+        f"  eval.grade grade_many (worker pool)  : {ours_time:7.2f} s  {1000 * ours_time / num_cases:6.3f} ms/pair"
+        f"  ratio {ours_time / mv_time:.2f}x of math-verify"
+    )
+    print(
+        f"  eval.grade grade(), one at a time    : {ours_seq_time:7.2f} s  {1000 * ours_seq_time / num_cases:6.3f} ms/pair"
+        f"  ratio {ours_seq_time / mv_time:.2f}x of math-verify"
+    )
     print(f"  decided in-process without sympy     : {num_fast}/{num_cases} ({100 * num_fast / num_cases:.0f}%)")
 
     # The worst case for us: only the pairs that need sympy, fresh workers and caches again.
@@ -259,11 +267,19 @@ def main(argv=None) -> int:
         shutdown()
         _parse_cached.cache_clear()
         warm_up(args.num_workers)
-        _, hard_time = _timed(lambda: grade_many([responses[k] for k in hard], [golds[k] for k in hard],
-                                                  [datasets[k] for k in hard], num_workers=args.num_workers))
+        _, hard_time = _timed(
+            lambda: grade_many(
+                [responses[k] for k in hard],
+                [golds[k] for k in hard],
+                [datasets[k] for k in hard],
+                num_workers=args.num_workers,
+            )
+        )
         _, hard_mv_time = _timed(lambda: [mv(cases[k]) for k in hard])
-        print(f"  sympy-only subset ({len(hard)} pairs): eval.grade {1000 * hard_time / len(hard):.2f} ms/pair,"
-              f" math-verify {1000 * hard_mv_time / len(hard):.2f} ms/pair, ratio {hard_time / hard_mv_time:.2f}x")
+        print(
+            f"  sympy-only subset ({len(hard)} pairs): eval.grade {1000 * hard_time / len(hard):.2f} ms/pair,"
+            f" math-verify {1000 * hard_mv_time / len(hard):.2f} ms/pair, ratio {hard_time / hard_mv_time:.2f}x"
+        )
 
     ours_correct = [r.correct for r in ours]
     assert ours_correct == [r.correct for r in ours_seq], "grade_many and grade() disagree"
@@ -282,7 +298,9 @@ def main(argv=None) -> int:
     for kind in sorted({c["kind"] for c in cases}):
         subsets.append((f"kind={kind}", [k for k in all_rows if cases[k]["kind"] == kind]))
     for name, rows in subsets:
-        print(f"  {name:34} {len(rows):5d}  {100 * accuracy(ours_correct, rows):9.1f}%  {100 * accuracy(mv_results, rows):10.1f}%")
+        print(
+            f"  {name:34} {len(rows):5d}  {100 * accuracy(ours_correct, rows):9.1f}%  {100 * accuracy(mv_results, rows):10.1f}%"
+        )
     both = sum(a == b for a, b in zip(ours_correct, mv_results))
     print(f"\neval.grade and math-verify agree on {both}/{num_cases} ({100 * both / num_cases:.1f}%)")
     reasons = collections.Counter(r.reason for r in ours)
@@ -291,12 +309,17 @@ def main(argv=None) -> int:
     wrong_ours = [k for k in all_rows if ours_correct[k] != labels[k]]
     wrong_mv = [k for k in policy_rows if mv_results[k] != labels[k]]
     print("math-verify disagreements by kind:", dict(collections.Counter(cases[k]["kind"] for k in wrong_mv)))
-    for title, rows in (("eval.grade vs label", wrong_ours), ("math-verify vs label (no_marker rows excluded)", wrong_mv)):
+    for title, rows in (
+        ("eval.grade vs label", wrong_ours),
+        ("math-verify vs label (no_marker rows excluded)", wrong_mv),
+    ):
         print(f"\n{title}: {len(rows)} disagreements" + (f", first {args.show}:" if rows else ""))
         for k in rows[: args.show]:
             c = cases[k]
-            print(f"  [{c['dataset']}/{c['kind']}] label={c['label']} gold={c['gold']!r} response={c['response'][-60:]!r}"
-                  f" -> ours={ours_correct[k]} ({ours[k].reason}, {ours[k].extracted!r}) mv={mv_results[k]}")
+            print(
+                f"  [{c['dataset']}/{c['kind']}] label={c['label']} gold={c['gold']!r} response={c['response'][-60:]!r}"
+                f" -> ours={ours_correct[k]} ({ours[k].reason}, {ours[k].extracted!r}) mv={mv_results[k]}"
+            )
     return 0
 
 

@@ -33,8 +33,14 @@ from reallocation.shapes import named_spec  # noqa: E402
 
 # (actor, critic, GPUs, generation length)
 SETTINGS = [
-    ("7b", "7b", 8, 896), ("7b", "7b", 16, 896), ("13b", "7b", 16, 896), ("34b", "7b", 32, 896),
-    ("70b", "7b", 64, 896), ("70b", "70b", 64, 896), ("70b", "7b", 128, 896), ("70b", "70b", 128, 896),
+    ("7b", "7b", 8, 896),
+    ("7b", "7b", 16, 896),
+    ("13b", "7b", 16, 896),
+    ("34b", "7b", 32, 896),
+    ("70b", "7b", 64, 896),
+    ("70b", "70b", 64, 896),
+    ("70b", "7b", 128, 896),
+    ("70b", "70b", 128, 896),
     ("7b", "7b", 16, 2048),
 ]
 BASELINE_LABELS = {"real_heuristic": "ReaL-Heuristic", "symmetric": "symmetric", "disjoint": "disjoint"}
@@ -44,12 +50,21 @@ def run_setting(actor: str, critic: str, num_gpus: int, gen_len: int, seconds: f
     w = Workload(named_spec(actor), named_spec(critic), named_spec(critic), batch=512, prompt_len=128, gen_len=gen_len)
     hw = hardware("a100-80g", max(1, num_gpus // 8), min(8, num_gpus))
     report = search(w, hw, seconds_budget=seconds, seed=seed, clock=time.process_time)
-    row = {"setting": f"{actor.upper()}+{critic.upper()} on {num_gpus} GPUs, gen {gen_len}",
-           "actor": actor, "critic": critic, "num_gpus": num_gpus, "batch": 512, "prompt_len": 128, "gen_len": gen_len,
-           "search_s_per_iteration": report.cost.seconds_per_iteration, "search_wall_s": report.search_seconds,
-           "search_cpu_s": report.cpu_seconds,
-           "num_plans_evaluated": report.num_evaluations, "started_from": report.start,
-           "plan": report.plan.to_dict()["calls"]}
+    row = {
+        "setting": f"{actor.upper()}+{critic.upper()} on {num_gpus} GPUs, gen {gen_len}",
+        "actor": actor,
+        "critic": critic,
+        "num_gpus": num_gpus,
+        "batch": 512,
+        "prompt_len": 128,
+        "gen_len": gen_len,
+        "search_s_per_iteration": report.cost.seconds_per_iteration,
+        "search_wall_s": report.search_seconds,
+        "search_cpu_s": report.cpu_seconds,
+        "num_plans_evaluated": report.num_evaluations,
+        "started_from": report.start,
+        "plan": report.plan.to_dict()["calls"],
+    }
     for name in BASELINE_LABELS:
         cost = report.baselines[name][1]
         fits = cost is not None and cost.fits
@@ -63,8 +78,10 @@ def _fmt(value: float | None, spec: str) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    header = ("| setting | ReaL-Heuristic s | symmetric s | disjoint s | search s | × ReaL-Heuristic | × symmetric "
-              "| × disjoint | search CPU s |")
+    header = (
+        "| setting | ReaL-Heuristic s | symmetric s | disjoint s | search s | × ReaL-Heuristic | × symmetric "
+        "| × disjoint | search CPU s |"
+    )
     lines = [header, "|" + "---|" * 9]
     for r in rows:
         cells = [r["setting"]] + [_fmt(r[f"{n}_s_per_iteration"], ".1f") for n in BASELINE_LABELS]
@@ -100,7 +117,9 @@ def _plot(rows: list[dict], path: Path) -> None:
                 ax.text(bar.get_x() + width / 2, 1.05, "oom", ha="center", va="bottom", rotation=90, fontsize=7)
     ax.axhline(1.0, color="grey", lw=0.8)
     ax.set_yscale("log")
-    ax.set_xticks(range(len(rows)), [r["setting"].replace(" on ", "\n").replace(", gen", "\ngen") for r in rows], fontsize=7)
+    ax.set_xticks(
+        range(len(rows)), [r["setting"].replace(" on ", "\n").replace(", gen", "\ngen") for r in rows], fontsize=7
+    )
     ax.set_ylabel("predicted speedup of the searched plan (×, log)")
     ax.set_title("Plan search vs baselines (estimator predictions, A100-80GB nodes, batch 512, prompt 128)")
     ax.legend(fontsize=8)
@@ -113,8 +132,12 @@ def _plot(rows: list[dict], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", required=True, help="output JSON path (PNG written next to it)")
-    parser.add_argument("--seconds", type=float, default=30.0,
-                        help="search budget per setting in CPU seconds of this process (70B+70B gets 3x)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=30.0,
+        help="search budget per setting in CPU seconds of this process (70B+70B gets 3x)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default=None, help="run settings whose name contains this text")
     args = parser.parse_args()

@@ -36,6 +36,7 @@ threads per process oversubscribe the cores and a training step gets many times 
 
 Writes the JSON atomically (``--json``) and a PNG bar chart next to it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 for _key, _value in {
-    "RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-    "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_NO_USAGE_STATS": "1",
+    "HF_HUB_OFFLINE": "1",
     "TOKENIZERS_PARALLELISM": "false",
 }.items():
     os.environ.setdefault(_key, _value)
@@ -66,8 +71,12 @@ PLACEMENT_BASELINE = ("cluster.plan=disjoint", "cluster.devices_per_node=4")
 """The fixed per-role placement the trainer had before execution plans: generation, actor training,
 critic and reference each on a device (a worker process) of its own."""
 PHASE_LABELS = {
-    "generate": "generate", "reward": "reward", "inference": "ref/critic inference (+ reward model, GAE: TRL)",
-    "train": "PPO epochs (actor + critic)", "sync": "weight sync -> vLLM", "other": "other",
+    "generate": "generate",
+    "reward": "reward",
+    "inference": "ref/critic inference (+ reward model, GAE: TRL)",
+    "train": "PPO epochs (actor + critic)",
+    "sync": "weight sync -> vLLM",
+    "other": "other",
 }
 
 
@@ -90,15 +99,31 @@ def install_trl() -> None:
     TRL_DIR.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=TRL_DIR.parent, prefix=f".trl-{TRL_VERSION}."))
     _log(f"installing trl=={TRL_VERSION} (no deps) into {TRL_DIR}")
-    cmd = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-compile", "--retries", "1",
-           "--timeout", "15", "--target", str(tmp), f"trl=={TRL_VERSION}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-compile",
+        "--retries",
+        "1",
+        "--timeout",
+        "15",
+        "--target",
+        str(tmp),
+        f"trl=={TRL_VERSION}",
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0 or not (tmp / "trl" / "experimental" / "ppo").is_dir():
         subprocess.run(["rm", "-rf", str(tmp)])
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise RuntimeError(f"pip install trl=={TRL_VERSION} failed (rc {proc.returncode}): {' | '.join(tail)}. "
-                           f"It needs the package registry: run `.venv/bin/python bench/ppo_iteration.py "
-                           f"--install-trl` outside the loopback-only namespace first.")
+        raise RuntimeError(
+            f"pip install trl=={TRL_VERSION} failed (rc {proc.returncode}): {' | '.join(tail)}. "
+            f"It needs the package registry: run `.venv/bin/python bench/ppo_iteration.py "
+            f"--install-trl` outside the loopback-only namespace first."
+        )
     try:
         os.replace(tmp, TRL_DIR)
     except OSError:  # another run installed it meanwhile
@@ -153,8 +178,12 @@ def iteration_prompt_ids(cfg) -> list[list[list[int]]]:
     for it in range(cfg.run.num_iterations):
         rows = []
         for p in iteration_problems(train_problems, it, r.num_prompts, cfg.run.seed):
-            ids = prompt_ids(tok, prompt_text(tok, p.question, r.system_prompt, r.prompt_suffix),
-                             r.max_prompt_tokens, f"problem {p.id}")
+            ids = prompt_ids(
+                tok,
+                prompt_text(tok, p.question, r.system_prompt, r.prompt_suffix),
+                r.max_prompt_tokens,
+                f"problem {p.id}",
+            )
             rows += [ids] * r.num_samples_per_prompt
         out.append(rows)
     return out
@@ -169,8 +198,13 @@ def run_realm(cfg, run_dir: Path) -> dict:
     load_before = os.getloadavg()
     train(cfg, run_dir)
     load_after = os.getloadavg()
-    return {"status": "ok", "wall_s_incl_startup_and_evals": time.monotonic() - t, "load_avg_before": load_before,
-            "load_avg_after": load_after, "iterations": realm_iterations(read_metrics(run_dir), rollouts)}
+    return {
+        "status": "ok",
+        "wall_s_incl_startup_and_evals": time.monotonic() - t,
+        "load_avg_before": load_before,
+        "load_avg_after": load_after,
+        "iterations": realm_iterations(read_metrics(run_dir), rollouts),
+    }
 
 
 def call_seconds(row: dict) -> dict[str, float]:
@@ -179,7 +213,7 @@ def call_seconds(row: dict) -> dict[str, float]:
     out = {}
     for key, start in row.items():
         if key.startswith("call/") and key.endswith("/start_s"):
-            name = key[len("call/"):-len("/start_s")]
+            name = key[len("call/") : -len("/start_s")]
             end = row.get(f"call/{name}/end_s")
             if end is not None:
                 out[name] = end - start
@@ -198,13 +232,19 @@ def realm_iterations(rows: list[dict], rollouts: int) -> list[dict]:
         phases = {k: row[f"time/{k}"] for k in REALM_PHASES if f"time/{k}" in row}
         total = row["time/iteration"]
         phases["other"] = max(0.0, total - sum(phases.values()))
-        iterations.append({
-            "iteration": row["iteration"], **phases, "iteration_s": total,
-            "tokens": round(row["response/length"] * rollouts),
-            "tokens_per_s": row["throughput/tokens_per_s"], "response_length": row["response/length"],
-            "rows": rollouts, "stopped_at_eos": round((1.0 - row["response/truncated"]) * rollouts),
-            "calls": call_seconds(row),
-        })
+        iterations.append(
+            {
+                "iteration": row["iteration"],
+                **phases,
+                "iteration_s": total,
+                "tokens": round(row["response/length"] * rollouts),
+                "tokens_per_s": row["throughput/tokens_per_s"],
+                "response_length": row["response/length"],
+                "rows": rollouts,
+                "stopped_at_eos": round((1.0 - row["response/truncated"]) * rollouts),
+                "calls": call_seconds(row),
+            }
+        )
     if not iterations:
         raise RuntimeError("metrics.jsonl has no timed iteration (rows without time/iteration only)")
     return iterations
@@ -219,8 +259,10 @@ def run_placement_baseline(args, realm: dict, run_dir: Path) -> dict:
     baseline = run_realm(cfg, run_dir)
     summarize(baseline, REALM_PHASES)
     ratio = baseline["mean_s"]["iteration_s"] / realm["mean_s"]["iteration_s"]
-    _log(f"placement baseline: {baseline['mean_s']['iteration_s']:.2f} s/iteration; the plan's speed-up over it "
-         f"{ratio:.2f}x")
+    _log(
+        f"placement baseline: {baseline['mean_s']['iteration_s']:.2f} s/iteration; the plan's speed-up over it "
+        f"{ratio:.2f}x"
+    )
     return {"overrides": list(extra), "baseline": baseline, "speedup_of_plan": ratio}
 
 
@@ -231,11 +273,20 @@ def run_trl(cfg, prompts: list[list[list[int]]], work: Path, threads: int) -> di
     from models.registry import resolve_model_dir
 
     spec = {
-        "model_dir": str(resolve_model_dir(cfg.model)), "dtype": cfg.model.dtype, "seed": cfg.run.seed,
-        "lr": cfg.ppo.actor_lr, "num_epochs": cfg.ppo.num_epochs, "num_minibatches": cfg.ppo.num_minibatches,
-        "max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.rollout.temperature,
-        "kl_coef": cfg.ppo.kl_coef, "gamma": cfg.ppo.gamma, "lam": cfg.ppo.lam, "clip_eps": cfg.ppo.clip_eps,
-        "value_clip_eps": cfg.ppo.value_clip_eps, "output_dir": str(work / "trl-output"),
+        "model_dir": str(resolve_model_dir(cfg.model)),
+        "dtype": cfg.model.dtype,
+        "seed": cfg.run.seed,
+        "lr": cfg.ppo.actor_lr,
+        "num_epochs": cfg.ppo.num_epochs,
+        "num_minibatches": cfg.ppo.num_minibatches,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "temperature": cfg.rollout.temperature,
+        "kl_coef": cfg.ppo.kl_coef,
+        "gamma": cfg.ppo.gamma,
+        "lam": cfg.ppo.lam,
+        "clip_eps": cfg.ppo.clip_eps,
+        "value_clip_eps": cfg.ppo.value_clip_eps,
+        "output_dir": str(work / "trl-output"),
         "iteration_prompt_ids": prompts,
     }
     spec_path, out_path = work / "trl_spec.json", work / "trl_result.json"
@@ -248,8 +299,14 @@ def run_trl(cfg, prompts: list[list[list[int]]], work: Path, threads: int) -> di
     env["HF_DATASETS_OFFLINE"] = "1"
     env["TRANSFORMERS_VERBOSITY"] = "error"
     load_before = os.getloadavg()
-    proc = subprocess.Popen([sys.executable, str(REPO / "bench" / "_trl_ppo.py"), str(spec_path), str(out_path)],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=str(work))
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "bench" / "_trl_ppo.py"), str(spec_path), str(out_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=str(work),
+    )
     tail: list[str] = []
     assert proc.stdout is not None  # stdout=PIPE
     for line in proc.stdout:  # progress lines through; HF's per-step metric dicts and load bars kept quiet
@@ -261,8 +318,13 @@ def run_trl(cfg, prompts: list[list[list[int]]], work: Path, threads: int) -> di
     load_after = os.getloadavg()
     if rc != 0 or not out_path.exists():
         error = next((l for l in reversed(tail) if "Error" in l or "error" in l), tail[-1] if tail else "")
-        return {"status": "error", "error": f"TRL's PPO exited with rc {rc}: {error.strip()}", "output_tail": tail,
-                "load_avg_before": load_before, "load_avg_after": load_after}
+        return {
+            "status": "error",
+            "error": f"TRL's PPO exited with rc {rc}: {error.strip()}",
+            "output_tail": tail,
+            "load_avg_before": load_before,
+            "load_avg_after": load_after,
+        }
     result = json.loads(out_path.read_text())
     for row in result["iterations"]:
         row["other"] = max(0.0, row["iteration_s"] - row["generate"] - row["inference"] - row["train"])
@@ -292,9 +354,11 @@ def print_table(result: dict) -> None:
     trl_ok = trl.get("status") == "ok"
     w = result["workload"]
     print()
-    print(f"workload: {w['num_prompts']} prompts x {w['samples_per_prompt']} samples = {w['rollouts']} rollouts, "
-          f"up to {w['max_new_tokens']} new tokens, {w['ppo_epochs']} PPO epochs x {w['minibatches']} minibatches, "
-          f"{w['iterations']} iterations (means over iterations {realm['timed_iterations']}), model {w['model']}")
+    print(
+        f"workload: {w['num_prompts']} prompts x {w['samples_per_prompt']} samples = {w['rollouts']} rollouts, "
+        f"up to {w['max_new_tokens']} new tokens, {w['ppo_epochs']} PPO epochs x {w['minibatches']} minibatches, "
+        f"{w['iterations']} iterations (means over iterations {realm['timed_iterations']}), model {w['model']}"
+    )
     print("| phase (s / iteration) | realm | TRL PPO |")
     print("| --- | ---: | ---: |")
     for k in REALM_PHASES:
@@ -305,16 +369,22 @@ def print_table(result: dict) -> None:
     t = f"{trl['tokens_per_s']:.1f}" if trl_ok else "n/a"
     print(f"| end-to-end tokens/s | {realm['tokens_per_s']:.1f} | {t} |")
     t = f"{trl['tokens'] / trl['rows']:.1f} ({trl['stopped_at_eos']}/{trl['rows']} at EOS)" if trl_ok else "-"
-    print(f"| tokens per response | {realm['tokens'] / realm['rows']:.1f} ({realm['stopped_at_eos']}/{realm['rows']} at EOS) | {t} |")
+    print(
+        f"| tokens per response | {realm['tokens'] / realm['rows']:.1f} ({realm['stopped_at_eos']}/{realm['rows']} at EOS) | {t} |"
+    )
     if realm.get("mean_call_s"):
-        print("realm per call (s / iteration; calls on disjoint devices overlap): " + ", ".join(
-            f"{c} {v:.2f}" for c, v in sorted(realm["mean_call_s"].items(), key=lambda kv: -kv[1])))
+        print(
+            "realm per call (s / iteration; calls on disjoint devices overlap): "
+            + ", ".join(f"{c} {v:.2f}" for c, v in sorted(realm["mean_call_s"].items(), key=lambda kv: -kv[1]))
+        )
     placement = result.get("placement")
     if placement:
         base = placement["baseline"]
-        print(f"placement baseline ({' '.join(placement['overrides'])}): {base['mean_s']['iteration_s']:.2f} s/iteration, "
-              f"{base['tokens_per_s']:.1f} tokens/s; the plan's speed-up over it (baseline s / plan s): "
-              f"{placement['speedup_of_plan']:.2f}x")
+        print(
+            f"placement baseline ({' '.join(placement['overrides'])}): {base['mean_s']['iteration_s']:.2f} s/iteration, "
+            f"{base['tokens_per_s']:.1f} tokens/s; the plan's speed-up over it (baseline s / plan s): "
+            f"{placement['speedup_of_plan']:.2f}x"
+        )
     if trl_ok:
         print(f"ratio realm / TRL tokens/s: {result['ratio_realm_over_trl']:.2f}x")
     else:
@@ -356,8 +426,11 @@ def plot(result: dict, path: Path) -> None:
     ratio = result.get("ratio_realm_over_trl")
     ax_t.set_title(f"realm / TRL = {ratio:.2f}x" if ratio else "TRL did not run")
     w = result["workload"]
-    fig.suptitle(f"PPO iteration, {w['model']}: {w['rollouts']} rollouts x {w['max_new_tokens']} tokens, "
-                 f"same machine load, same run", fontsize=10)
+    fig.suptitle(
+        f"PPO iteration, {w['model']}: {w['rollouts']} rollouts x {w['max_new_tokens']} tokens, "
+        f"same machine load, same run",
+        fontsize=10,
+    )
     fig.tight_layout()
     atomic_save_figure(fig, path, dpi=100)
     _log(f"wrote {path}")
@@ -379,15 +452,29 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--samples-per-prompt", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--heldout-limit", type=int, default=8, help="realm's before/after eval (outside the timing)")
-    parser.add_argument("--trl-threads", type=int, default=0,
-                        help="torch threads of the TRL process (0: what realm's Ray workers get, OMP_NUM_THREADS or 1)")
+    parser.add_argument(
+        "--trl-threads",
+        type=int,
+        default=0,
+        help="torch threads of the TRL process (0: what realm's Ray workers get, OMP_NUM_THREADS or 1)",
+    )
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--model", default="", help="model config (configs/model/), e.g. smollm2-135m; default: tiny")
-    parser.add_argument("--realm-override", action="append", default=[], metavar="KEY=VALUE",
-                        help="extra Hydra override for realm's runs (repeatable)")
-    parser.add_argument("--placement-baseline", nargs="*", metavar="KEY=VALUE", default=None,
-                        help="also run realm with these overrides (default when given bare: "
-                             f"{' '.join(PLACEMENT_BASELINE)}) and report its iteration time beside the plan's")
+    parser.add_argument(
+        "--realm-override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Hydra override for realm's runs (repeatable)",
+    )
+    parser.add_argument(
+        "--placement-baseline",
+        nargs="*",
+        metavar="KEY=VALUE",
+        default=None,
+        help="also run realm with these overrides (default when given bare: "
+        f"{' '.join(PLACEMENT_BASELINE)}) and report its iteration time beside the plan's",
+    )
     args = parser.parse_args(argv)
     if args.install_trl:
         install_trl()
@@ -402,12 +489,20 @@ def main(argv: list[str] | None = None) -> None:
     cfg, overrides = realm_config(args)
     trl_threads = args.trl_threads or int(os.environ.get("OMP_NUM_THREADS", "1"))
     workload = {
-        "model": cfg.model.name, "dtype": cfg.model.dtype, "data": cfg.data.name,
-        "num_prompts": cfg.rollout.num_prompts, "samples_per_prompt": cfg.rollout.num_samples_per_prompt,
+        "model": cfg.model.name,
+        "dtype": cfg.model.dtype,
+        "data": cfg.data.name,
+        "num_prompts": cfg.rollout.num_prompts,
+        "samples_per_prompt": cfg.rollout.num_samples_per_prompt,
         "rollouts": cfg.rollout.num_prompts * cfg.rollout.num_samples_per_prompt,
-        "max_new_tokens": cfg.rollout.max_new_tokens, "temperature": cfg.rollout.temperature,
-        "ppo_epochs": cfg.ppo.num_epochs, "minibatches": cfg.ppo.num_minibatches, "iterations": cfg.run.num_iterations,
-        "realm_overrides": overrides, "cpu_count": os.cpu_count(), "trl_torch_threads": trl_threads,
+        "max_new_tokens": cfg.rollout.max_new_tokens,
+        "temperature": cfg.rollout.temperature,
+        "ppo_epochs": cfg.ppo.num_epochs,
+        "minibatches": cfg.ppo.num_minibatches,
+        "iterations": cfg.run.num_iterations,
+        "realm_overrides": overrides,
+        "cpu_count": os.cpu_count(),
+        "trl_torch_threads": trl_threads,
     }
     prompts = iteration_prompt_ids(cfg)
     trl_error = None
@@ -421,8 +516,10 @@ def main(argv: list[str] | None = None) -> None:
     (REPO / ".cache").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ppo-iteration-bench-", dir=REPO / ".cache") as tmp:
         work = Path(tmp)
-        _log(f"[1/2] realm: {workload['rollouts']} rollouts x {workload['max_new_tokens']} tokens, "
-             f"{args.iterations} iterations (Ray + vLLM start-up first)")
+        _log(
+            f"[1/2] realm: {workload['rollouts']} rollouts x {workload['max_new_tokens']} tokens, "
+            f"{args.iterations} iterations (Ray + vLLM start-up first)"
+        )
         realm = run_realm(cfg, work / "realm-run")
         summarize(realm, REALM_PHASES)
         _log(f"realm: {realm['tokens_per_s']:.1f} tokens/s, {realm['mean_s']['iteration_s']:.2f} s/iteration")
@@ -449,12 +546,18 @@ def main(argv: list[str] | None = None) -> None:
         "trl": trl,
         "ratio_realm_over_trl": ratio,
         "placement": placement,
-        "note": ("realm and TRL ran one after the other in this one run on the same machine, under the same "
-                 f"shared load (load average realm {realm['load_avg_before'][0]:.1f}->{realm['load_avg_after'][0]:.1f}"
-                 + (f", TRL {trl['load_avg_before'][0]:.1f}->{trl['load_avg_after'][0]:.1f}" if "load_avg_before" in trl else "")
-                 + f", {os.cpu_count()} CPUs); absolute numbers move with the load, the ratio much less. "
-                 f"Both trainers ran with {trl_threads} torch thread(s) per process (realm: Ray's default for its "
-                 "actors and vLLM-CPU's serving default; TRL: set to match)"),
+        "note": (
+            "realm and TRL ran one after the other in this one run on the same machine, under the same "
+            f"shared load (load average realm {realm['load_avg_before'][0]:.1f}->{realm['load_avg_after'][0]:.1f}"
+            + (
+                f", TRL {trl['load_avg_before'][0]:.1f}->{trl['load_avg_after'][0]:.1f}"
+                if "load_avg_before" in trl
+                else ""
+            )
+            + f", {os.cpu_count()} CPUs); absolute numbers move with the load, the ratio much less. "
+            f"Both trainers ran with {trl_threads} torch thread(s) per process (realm: Ray's default for its "
+            "actors and vLLM-CPU's serving default; TRL: set to match)"
+        ),
         "bench_wall_s": time.monotonic() - t0,
     }
     print_table(result)

@@ -39,8 +39,15 @@ from reallocation.plan import gather_broadcast_bytes, lower_bound_bytes, make_pl
 from reallocation.reshard import reshard, reshard_gather_broadcast  # noqa: E402
 
 SMOLLM2_135M = SimpleNamespace(
-    model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-    num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True, head_dim=64,
+    model_type="llama",
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    vocab_size=49152,
+    tie_word_embeddings=True,
+    head_dim=64,
 )
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -90,7 +97,9 @@ def _reference(spec: ModelSpec, dtype: torch.dtype) -> dict[str, torch.Tensor]:
 
 
 def _shards(holdings, ref, rank):
-    return {n: ref[n][local_slices(per[rank], full_box(ref[n].shape))].clone() for n, per in holdings.items() if rank in per}
+    return {
+        n: ref[n][local_slices(per[rank], full_box(ref[n].shape))].clone() for n, per in holdings.items() if rank in per
+    }
 
 
 def _exact(holdings, ref, got, rank) -> bool:
@@ -137,7 +146,10 @@ def _worker(rank: int, world_size: int, store: str, args) -> None:
     t0 = time.perf_counter()
     ref = _reference(spec, dtype)
     if rank == 0:
-        print(f"[bench] {spec.num_params() / 1e6:.1f}M params ({args.dtype}), reference built in {time.perf_counter() - t0:.1f}s", flush=True)
+        print(
+            f"[bench] {spec.num_params() / 1e6:.1f}M params ({args.dtype}), reference built in {time.perf_counter() - t0:.1f}s",
+            flush=True,
+        )
     pairs = [p for p in layout_pairs() if not args.pairs or p[0] in args.pairs]
     # Broadcast groups for the baseline: the destination ranks plus the root (new_group is
     # collective, so every rank creates every group up front).
@@ -155,8 +167,14 @@ def _worker(rank: int, world_size: int, store: str, args) -> None:
         shards = _shards(src, ref, rank)
 
         ours = functools.partial(reshard, plan, shards, dtype=dtype, bucket_bytes=args.bucket_bytes)
-        baseline = functools.partial(reshard_gather_broadcast, plan, shards, dtype=dtype,
-                                     bucket_bytes=args.bucket_bytes, broadcast_group=groups[members])
+        baseline = functools.partial(
+            reshard_gather_broadcast,
+            plan,
+            shards,
+            dtype=dtype,
+            bucket_bytes=args.bucket_bytes,
+            broadcast_group=groups[members],
+        )
 
         # Alternate the two (one untimed warm-up each) and keep the best time of each: the
         # machine may be shared, and alternating exposes both to the same background load.
@@ -177,10 +195,21 @@ def _worker(rank: int, world_size: int, store: str, args) -> None:
         del got, base, shards, ours, baseline
 
         gathered: list[Any] = [None] * world_size
-        dist.all_gather_object(gathered, dict(
-            exact=exact, base_exact=base_exact, peak_buffer=stats.peak_buffer_bytes, rss_extra=rss_extra,
-            base_rss_extra=base_rss_extra, dst_bytes=dst_bytes, received=stats.bytes_received,
-            staged=stats.bytes_staged, rounds=stats.num_rounds, breakdown=stats.extra))
+        dist.all_gather_object(
+            gathered,
+            dict(
+                exact=exact,
+                base_exact=base_exact,
+                peak_buffer=stats.peak_buffer_bytes,
+                rss_extra=rss_extra,
+                base_rss_extra=base_rss_extra,
+                dst_bytes=dst_bytes,
+                received=stats.bytes_received,
+                staged=stats.bytes_staged,
+                rounds=stats.num_rounds,
+                breakdown=stats.extra,
+            ),
+        )
         if rank == 0:
             bound = [args.bucket_bytes + g["dst_bytes"] for g in gathered]
             row = dict(
@@ -212,9 +241,12 @@ def _worker(rank: int, world_size: int, store: str, args) -> None:
                 dtype=args.dtype,
             )
             rows.append(row)
-            print(f"[bench] {i + 1}/{len(pairs)} {name}: {row['bytes_moved'] / 2**20:.1f} MiB (lower bound "
-                  f"{row['lower_bound_bytes'] / 2**20:.1f}) in {seconds:.3f}s, baseline {row['baseline_bytes'] / 2**20:.1f} MiB "
-                  f"in {base_seconds:.3f}s, exact={row['exact']}", flush=True)
+            print(
+                f"[bench] {i + 1}/{len(pairs)} {name}: {row['bytes_moved'] / 2**20:.1f} MiB (lower bound "
+                f"{row['lower_bound_bytes'] / 2**20:.1f}) in {seconds:.3f}s, baseline {row['baseline_bytes'] / 2**20:.1f} MiB "
+                f"in {base_seconds:.3f}s, exact={row['exact']}",
+                flush=True,
+            )
     dist.barrier()
     if rank == 0:
         _write(rows, args.json)
@@ -225,13 +257,17 @@ def _write(rows: list[dict], path: str) -> None:
     out = Path(path)
     atomic_write_json(out, rows)
     mib = 2**20
-    print(f"\n{'pair':<18}{'moved MiB':>10}{'lower MiB':>10}{'base MiB':>10}{'time s':>9}{'base s':>9}{'speedup':>9}"
-          f"{'exact':>7}{'buf MiB':>9}{'rss+ MiB':>10}{'bound MiB':>10}")
+    print(
+        f"\n{'pair':<18}{'moved MiB':>10}{'lower MiB':>10}{'base MiB':>10}{'time s':>9}{'base s':>9}{'speedup':>9}"
+        f"{'exact':>7}{'buf MiB':>9}{'rss+ MiB':>10}{'bound MiB':>10}"
+    )
     for r in rows:
-        print(f"{r['pair']:<18}{r['bytes_moved'] / mib:>10.1f}{r['lower_bound_bytes'] / mib:>10.1f}"
-              f"{r['baseline_bytes'] / mib:>10.1f}{r['time_s']:>9.3f}{r['baseline_time_s']:>9.3f}"
-              f"{(r['speedup'] or float('inf')):>8.1f}x{str(r['exact']):>7}{r['peak_extra_bytes'] / mib:>9.1f}"
-              f"{r['peak_rss_extra_bytes'] / mib:>10.1f}{r['memory_bound_bytes_max'] / mib:>10.1f}")
+        print(
+            f"{r['pair']:<18}{r['bytes_moved'] / mib:>10.1f}{r['lower_bound_bytes'] / mib:>10.1f}"
+            f"{r['baseline_bytes'] / mib:>10.1f}{r['time_s']:>9.3f}{r['baseline_time_s']:>9.3f}"
+            f"{(r['speedup'] or float('inf')):>8.1f}x{str(r['exact']):>7}{r['peak_extra_bytes'] / mib:>9.1f}"
+            f"{r['peak_rss_extra_bytes'] / mib:>10.1f}{r['memory_bound_bytes_max'] / mib:>10.1f}"
+        )
     print(f"[bench] wrote {out}")
     try:
         _plot(rows, out.with_suffix(".png"))
@@ -273,8 +309,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--repeats", type=int, default=3, help="best of N wall times (after one warm-up)")
     parser.add_argument("--pairs", nargs="*", help="subset of pair names")
-    parser.add_argument("--num-layers", type=int, default=SMOLLM2_135M.num_hidden_layers,
-                        help="fewer layers for a quick check (the smoke test)")
+    parser.add_argument(
+        "--num-layers",
+        type=int,
+        default=SMOLLM2_135M.num_hidden_layers,
+        help="fewer layers for a quick check (the smoke test)",
+    )
     parser.add_argument("--rss-slack-mb", type=float, default=8.0, help="allocator slack allowed over the bound")
     args = parser.parse_args(argv)
     args.bucket_bytes = int(args.bucket_mb * 2**20)

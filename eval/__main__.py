@@ -19,6 +19,7 @@ Writes ``samples.jsonl`` (one graded sample per line), ``summary.json`` and ``re
 run directory and prints that directory as the last line of stdout (progress goes to stderr).
 The default run directory is a hash of the settings, so rerunning a killed command resumes it.
 """
+
 from __future__ import annotations
 
 import os
@@ -125,10 +126,14 @@ class EvalConfig:
         if self.num_samples < 1:
             raise ValueError(f"num_samples={self.num_samples}: need >= 1")
         if self.temperature < 0 or not 0 < self.top_p <= 1:
-            raise ValueError(f"temperature={self.temperature}, top_p={self.top_p}: need temperature >= 0, 0 < top_p <= 1")
+            raise ValueError(
+                f"temperature={self.temperature}, top_p={self.top_p}: need temperature >= 0, 0 < top_p <= 1"
+            )
         if self.temperature == 0 and self.num_samples > 1:
-            raise ValueError(f"num_samples={self.num_samples} with temperature=0: greedy samples are identical; "
-                             "set temperature > 0 (e.g. temperature=0.6)")
+            raise ValueError(
+                f"num_samples={self.num_samples} with temperature=0: greedy samples are identical; "
+                "set temperature > 0 (e.g. temperature=0.6)"
+            )
         if self.max_new_tokens < 1 or self.chunk_size < 1:
             raise ValueError("max_new_tokens and chunk_size must be >= 1")
         if any(not 1 <= k <= self.num_samples for k in self.ks):
@@ -208,8 +213,10 @@ def _prepare_run_dir(run_dir: Path, key: dict[str, Any], resume: bool) -> None:
         old = json.loads(config_path.read_text(encoding="utf-8"))
         if old != key:
             diff = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k))
-            raise EvalError(f"{run_dir} holds an evaluation with other settings (differs in: {', '.join(diff)}); "
-                            "choose another out_dir, or resume=false to overwrite it")
+            raise EvalError(
+                f"{run_dir} holds an evaluation with other settings (differs in: {', '.join(diff)}); "
+                "choose another out_dir, or resume=false to overwrite it"
+            )
     atomic_write_json(config_path, key)
 
 
@@ -222,8 +229,10 @@ def _problems_and_template(cfg: EvalConfig, model_dir: Path):
     spec = cfg.prompt or cfg.data.prompt
     if spec == "trained":
         if not (model_dir / PROMPT_FILE).exists():
-            raise EvalError(f"prompt=trained: {model_dir} has no {PROMPT_FILE} (only exported realm policies have one; "
-                            "evaluate model=RUN_DIR/checkpoints/iter_N, or name a template)")
+            raise EvalError(
+                f"prompt=trained: {model_dir} has no {PROMPT_FILE} (only exported realm policies have one; "
+                "evaluate model=RUN_DIR/checkpoints/iter_N, or name a template)"
+            )
         spec = str(model_dir / PROMPT_FILE)
     try:
         problems = load_problems(cfg.data.name, limit=cfg.data.limit, seed=cfg.data.seed, synthetic_split="heldout")
@@ -250,9 +259,12 @@ def _model_and_tokenizer(cfg: EvalConfig) -> tuple[EvalConfig, Path, Path]:
         # A training run or checkpoint: its policy's HF export (written on first use).
         try:
             ref = find_checkpoint(path)
-            name = f"{ref.run_dir.name}-iter{ref.iteration}" if cfg.model.name in ("tiny", path.name) else cfg.model.name
-            cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, name=name,
-                                                                     path=str(exported_dir(ref.checkpoint, log=_log))))
+            name = (
+                f"{ref.run_dir.name}-iter{ref.iteration}" if cfg.model.name in ("tiny", path.name) else cfg.model.name
+            )
+            cfg = dataclasses.replace(
+                cfg, model=dataclasses.replace(cfg.model, name=name, path=str(exported_dir(ref.checkpoint, log=_log)))
+            )
         except ExportError as e:
             raise EvalError(str(e)) from None
     if cfg.model.source == ModelSource.hf and cfg.model.name == "tiny" and cfg.model.path:
@@ -264,22 +276,28 @@ def _model_and_tokenizer(cfg: EvalConfig) -> tuple[EvalConfig, Path, Path]:
         raise EvalError(str(e)) from None
     tokenizer_dir = Path(cfg.tokenizer) if cfg.tokenizer else model_dir
     if not has_tokenizer(tokenizer_dir):
-        raise EvalError(f"{tokenizer_dir} has no tokenizer (no tokenizer.json / tokenizer_config.json / tokenizer.model); "
-                        "pass tokenizer=/path/to/the/base/model")
+        raise EvalError(
+            f"{tokenizer_dir} has no tokenizer (no tokenizer.json / tokenizer_config.json / tokenizer.model); "
+            "pass tokenizer=/path/to/the/base/model"
+        )
     return cfg, model_dir, tokenizer_dir
 
 
 def _max_prompt_tokens(problems, template, tokenizer, max_model_len: int) -> int:
     """The longest prompt in tokens; every prompt must leave room in the context."""
     try:
-        lengths = {p.id: len(tokenizer.encode(template.render(p.question, tokenizer), add_special_tokens=False))
-                   for p in problems}
+        lengths = {
+            p.id: len(tokenizer.encode(template.render(p.question, tokenizer), add_special_tokens=False))
+            for p in problems
+        }
     except ValueError as e:  # e.g. a chat template with a tokenizer that has none
         raise EvalError(str(e)) from None
     too_long = [pid for pid, n in lengths.items() if n >= max_model_len]
     if too_long:
-        raise EvalError(f"{len(too_long)} prompts do not fit the context ({max_model_len} tokens), e.g. {too_long[:3]}; "
-                        "raise max_model_len (up to the model's) or use fewer few-shot exemplars")
+        raise EvalError(
+            f"{len(too_long)} prompts do not fit the context ({max_model_len} tokens), e.g. {too_long[:3]}; "
+            "raise max_model_len (up to the model's) or use fewer few-shot exemplars"
+        )
     return max(lengths.values())
 
 
@@ -301,12 +319,17 @@ def run_eval(cfg: EvalConfig) -> Path:
     prompt_example = template.render("{question}", tokenizer)
 
     kv_cache_gib = cfg.kv_cache_gib or auto_kv_cache_gib(
-        model_dir, model_cfg.dtype, cfg.chunk_size * cfg.num_samples,
-        min(max_model_len, max_prompt_tokens + cfg.max_new_tokens))
+        model_dir,
+        model_cfg.dtype,
+        cfg.chunk_size * cfg.num_samples,
+        min(max_model_len, max_prompt_tokens + cfg.max_new_tokens),
+    )
     key = run_key(cfg, model_dir)
     run_dir = Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg, key)
     _prepare_run_dir(run_dir, key, cfg.resume)
-    _log(f"[eval] {model_cfg.name} on {cfg.data.name}: {len(problems)} problems x {cfg.num_samples} samples -> {run_dir}")
+    _log(
+        f"[eval] {model_cfg.name} on {cfg.data.name}: {len(problems)} problems x {cfg.num_samples} samples -> {run_dir}"
+    )
 
     engine = None
     engine_info: dict[str, Any] = {}
@@ -318,17 +341,34 @@ def run_eval(cfg: EvalConfig) -> Path:
             from models.vllm_engine import VLLMEngine
 
             t = time.monotonic()
-            engine = VLLMEngine(model_dir, tokenizer_dir=tokenizer_dir, dtype=model_cfg.dtype, seed=cfg.seed,
-                                max_model_len=max_model_len, kv_cache_gib=kv_cache_gib)
+            engine = VLLMEngine(
+                model_dir,
+                tokenizer_dir=tokenizer_dir,
+                dtype=model_cfg.dtype,
+                seed=cfg.seed,
+                max_model_len=max_model_len,
+                kv_cache_gib=kv_cache_gib,
+            )
             engine_info = {**dataclasses.asdict(engine.info), "startup_seconds": time.monotonic() - t}
             _log(f"[eval] vLLM engine ready in {engine_info['startup_seconds']:.1f} s")
         return engine.generate(prompts, logprobs=False, **kwargs)
 
     try:
-        result = evaluate(generate_fn, problems, template, tokenizer=tokenizer, num_samples=cfg.num_samples,
-                          temperature=cfg.temperature, top_p=cfg.top_p, max_new_tokens=cfg.max_new_tokens,
-                          seed=cfg.seed, ks=cfg.ks or None, samples_path=run_dir / SAMPLES_FILE,
-                          chunk_size=cfg.chunk_size, **_graders(cfg))
+        result = evaluate(
+            generate_fn,
+            problems,
+            template,
+            tokenizer=tokenizer,
+            num_samples=cfg.num_samples,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            max_new_tokens=cfg.max_new_tokens,
+            seed=cfg.seed,
+            ks=cfg.ks or None,
+            samples_path=run_dir / SAMPLES_FILE,
+            chunk_size=cfg.chunk_size,
+            **_graders(cfg),
+        )
     except ResumeError as e:
         raise EvalError(str(e)) from None
     finally:
@@ -337,9 +377,15 @@ def run_eval(cfg: EvalConfig) -> Path:
 
     previous = _previous_run(run_dir)
     result.summary["run"] = {
-        "model": model_cfg.name, "model_dir": str(model_dir), "model_source": model_cfg.source.value,
-        "dtype": model_cfg.dtype, "dataset": cfg.data.name, "limit": cfg.data.limit, "data_seed": cfg.data.seed,
-        "max_model_len": max_model_len, "prompt_example": prompt_example,
+        "model": model_cfg.name,
+        "model_dir": str(model_dir),
+        "model_source": model_cfg.source.value,
+        "dtype": model_cfg.dtype,
+        "dataset": cfg.data.name,
+        "limit": cfg.data.limit,
+        "data_seed": cfg.data.seed,
+        "max_model_len": max_model_len,
+        "prompt_example": prompt_example,
         # This invocation only: with resume, timing.num_problems_resumed problems came from earlier attempts.
         "wall_seconds": time.monotonic() - t_start,
         "engine": engine_info or previous.get("engine", {}),
@@ -347,8 +393,10 @@ def run_eval(cfg: EvalConfig) -> Path:
     }
     write_report(run_dir, result.summary, result.records)
     acc = result.summary["accuracy"]
-    _log(f"[eval] accuracy {100 * acc['mean']:.1f}% [{100 * acc['ci_low']:.1f}, {100 * acc['ci_high']:.1f}] "
-         f"on {result.summary['num_problems']} problems")
+    _log(
+        f"[eval] accuracy {100 * acc['mean']:.1f}% [{100 * acc['ci_low']:.1f}, {100 * acc['ci_high']:.1f}] "
+        f"on {result.summary['num_problems']} problems"
+    )
     return run_dir
 
 
@@ -358,8 +406,9 @@ def _graders(cfg: EvalConfig) -> dict[str, Any]:
     from eval.grading.math_verify import grade_many_math_verify
 
     if cfg.grader == Grader.math_verify:
-        return dict(grade_many_fn=grade_many_math_verify, grader_name="math_verify",
-                    other_graders={"realm": grade_many})
+        return dict(
+            grade_many_fn=grade_many_math_verify, grader_name="math_verify", other_graders={"realm": grade_many}
+        )
     others = {"math_verify": grade_many_math_verify} if cfg.compare_graders else {}
     return dict(grade_many_fn=None, grader_name="realm", other_graders=others)
 

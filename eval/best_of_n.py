@@ -19,6 +19,7 @@ C(n-1-r, N-1) / C(n, N).
 The scorer is any function of (question, response) pairs (``Scorer``): evaluation does not depend
 on ``rewards``. The command that scores with a reward model is ``python -m rewards.best_of_n``.
 """
+
 from __future__ import annotations
 
 import math
@@ -132,11 +133,16 @@ def group_samples(records: Sequence[dict[str, Any]]) -> list[list[dict[str, Any]
 
 def render_markdown(curves: dict[str, dict[str, float]], meta: dict[str, Any]) -> str:
     ns = list(next(iter(curves.values())))
-    lines = [f"# Best-of-N on {meta.get('run_dir', '?')}", "",
-             f"Reward model `{meta.get('rm', '?')}` ({meta.get('kind', '?')}); {meta.get('num_problems')} problems x "
-             f"{meta.get('num_samples')} samples. Accuracy % against N (best-of-N: expectation over N-subsets; "
-             "maj@N: first N samples).", "",
-             "| method | " + " | ".join(f"N={k}" for k in ns) + " |", "| --- | " + " | ".join("---:" for _ in ns) + " |"]
+    lines = [
+        f"# Best-of-N on {meta.get('run_dir', '?')}",
+        "",
+        f"Reward model `{meta.get('rm', '?')}` ({meta.get('kind', '?')}); {meta.get('num_problems')} problems x "
+        f"{meta.get('num_samples')} samples. Accuracy % against N (best-of-N: expectation over N-subsets; "
+        "maj@N: first N samples).",
+        "",
+        "| method | " + " | ".join(f"N={k}" for k in ns) + " |",
+        "| --- | " + " | ".join("---:" for _ in ns) + " |",
+    ]
     for method, curve in curves.items():
         lines.append(f"| {method} | " + " | ".join(f"{100 * curve[k]:.1f}" for k in ns) + " |")
     return "\n".join(lines + ["", "![best-of-N](best_of_n.png)", ""])
@@ -162,16 +168,24 @@ def plot(curves: dict[str, dict[str, float]], path: Path) -> None:
     atomic_save_figure(fig, path, dpi=120)
 
 
-def run_best_of_n(run_dir: Path, scorer: Scorer, kind: str, aggregations: Sequence[str], rm_name: str,
-                  ns: Sequence[int] | None = None) -> dict[str, Any]:
+def run_best_of_n(
+    run_dir: Path, scorer: Scorer, kind: str, aggregations: Sequence[str], rm_name: str, ns: Sequence[int] | None = None
+) -> dict[str, Any]:
     problems = group_samples(read_samples(run_dir / SAMPLES_FILE))
     if not problems:
         raise ValueError(f"{run_dir}: no samples (is it an evaluation run directory?)")
     if len(problems[0]) < 2:
-        raise ValueError(f"{run_dir}: 1 sample per problem; best-of-N needs a sampled run (num_samples=N temperature>0)")
+        raise ValueError(
+            f"{run_dir}: 1 sample per problem; best-of-N needs a sampled run (num_samples=N temperature>0)"
+        )
     curves = best_of_n_curves(problems, score_samples(problems, scorer, kind, aggregations), ns)
-    meta = {"run_dir": str(run_dir), "rm": rm_name, "kind": kind, "num_problems": len(problems),
-            "num_samples": len(problems[0])}
+    meta = {
+        "run_dir": str(run_dir),
+        "rm": rm_name,
+        "kind": kind,
+        "num_problems": len(problems),
+        "num_samples": len(problems[0]),
+    }
     result = {**meta, "curves": curves}
     atomic_write_json(run_dir / "best_of_n.json", result)
     atomic_write_text(run_dir / "best_of_n.md", render_markdown(curves, meta))

@@ -6,6 +6,7 @@ k, lengths, wall time; plus a per-subject table when runs have one) and ``compar
 as the last line. A directory without ``summary.json`` is searched one level down, so a sweep's
 parent directory can be passed as is.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,7 +53,11 @@ def comparison_table(runs: list[tuple[Path, dict[str, Any]]]) -> str:
     ]
     for run_dir, s in runs:
         run, settings = s.get("run", {}), s.get("settings", {})
-        sampling = "greedy" if settings.get("temperature", 0) <= 0 else f"n={s['num_samples_per_problem']}, T={settings['temperature']}"
+        sampling = (
+            "greedy"
+            if settings.get("temperature", 0) <= 0
+            else f"n={s['num_samples_per_problem']}, T={settings['temperature']}"
+        )
         cells = []
         for kind in ("pass@k", "maj@k"):
             best = _largest(s.get(kind))
@@ -73,8 +78,10 @@ def subject_table(runs: list[tuple[Path, dict[str, Any]]], key: str = "by_subjec
         return None
     groups = sorted({g for _, s in having for g in s[key]})
     title = key.removeprefix("by_")
-    lines = [f"| {title} | " + " | ".join(_label(d, s) for d, s in having) + " |",
-             "| --- | " + " | ".join("---:" for _ in having) + " |"]
+    lines = [
+        f"| {title} | " + " | ".join(_label(d, s) for d, s in having) + " |",
+        "| --- | " + " | ".join("---:" for _ in having) + " |",
+    ]
     for g in groups:
         row = [f"{100 * s[key][g]['mean']:.1f} ({s[key][g]['num']})" if g in s[key] else "" for _, s in having]
         lines.append(f"| {g} | " + " | ".join(row) + " |")
@@ -106,11 +113,21 @@ def plot(runs: list[tuple[Path, dict[str, Any]]], path: Path) -> None:
         ax2 = axes[0][1]
         for d, s in curves:
             ks = sorted(s["pass@k"], key=int)
-            ax2.plot([int(k) for k in ks], [100 * s["pass@k"][k]["mean"] for k in ks], marker="o", label=f"{_label(d, s)} pass@k")
+            ax2.plot(
+                [int(k) for k in ks],
+                [100 * s["pass@k"][k]["mean"] for k in ks],
+                marker="o",
+                label=f"{_label(d, s)} pass@k",
+            )
             if s.get("maj@k"):
                 mk = sorted(s["maj@k"], key=int)
-                ax2.plot([int(k) for k in mk], [100 * s["maj@k"][k]["mean"] for k in mk], marker="x", linestyle="--",
-                         label=f"{_label(d, s)} maj@k")
+                ax2.plot(
+                    [int(k) for k in mk],
+                    [100 * s["maj@k"][k]["mean"] for k in mk],
+                    marker="x",
+                    linestyle="--",
+                    label=f"{_label(d, s)} maj@k",
+                )
         ax2.set_xscale("log", base=2)
         ax2.set_xlabel("k (samples)")
         ax2.set_ylabel("%")

@@ -1,5 +1,6 @@
 """Typed configs: the one converter from a composed Hydra config to its schema dataclass, and the
 dataset config (training's `data` group). The evaluation CLI's own schema is in eval/__main__.py."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,8 +49,10 @@ def to_typed_config(cfg: DictConfig, schema: type[T], schema_file: str) -> T:
     is where a user looks up the declared keys)."""
     unknown = unknown_keys(cfg)
     if unknown:
-        raise ConfigError(f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
-                          f"(not in the schema, {schema_file}; check the spelling)")
+        raise ConfigError(
+            f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
+            f"(not in the schema, {schema_file}; check the spelling)"
+        )
     try:
         typed = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:

@@ -16,6 +16,7 @@ synthetic      the synthetic arithmetic task (``eval.synthetic``), train or held
 Anything else is a path to a ``.jsonl``/``.json``/``.parquet`` file (fields are detected:
 question|problem, answer|solution) or ``hf:<dataset id>[:<split>]`` (needs a reachable hub).
 """
+
 from __future__ import annotations
 
 import json
@@ -115,7 +116,9 @@ def iter_jsonl(path: str | Path, error: type[Exception] = DataError) -> Iterator
 
 def load_jsonl(path: str | Path) -> list[Problem]:
     path = Path(path)
-    problems = [_record_to_problem(obj, f"{path}:{lineno}", f"{path.stem}-{lineno}") for lineno, obj in iter_jsonl(path)]
+    problems = [
+        _record_to_problem(obj, f"{path}:{lineno}", f"{path.stem}-{lineno}") for lineno, obj in iter_jsonl(path)
+    ]
     if not problems:
         raise DataError(f"{path}: file has no records")
     return problems
@@ -178,7 +181,9 @@ def load_problems(
     ``limit`` > 0 keeps a fixed-seed random subset of that size (in original order).
     """
     if name == "synthetic":
-        train, heldout = split_problems(synthetic_num_train, synthetic_num_heldout, seed=seed, difficulty=synthetic_difficulty)
+        train, heldout = split_problems(
+            synthetic_num_train, synthetic_num_heldout, seed=seed, difficulty=synthetic_difficulty
+        )
         if synthetic_split not in ("train", "heldout"):
             raise DataError(f"synthetic split {synthetic_split!r}: expected 'train' or 'heldout'")
         problems = train if synthetic_split == "train" else heldout
@@ -196,7 +201,9 @@ def load_problems(
             problems = _load_table(path)
         else:
             known = ", ".join(sorted([*BUILTIN, "synthetic"]))
-            raise DataError(f"unknown dataset {name!r}: expected one of {known}, a .jsonl/.json/.parquet path, or hf:<id>")
+            raise DataError(
+                f"unknown dataset {name!r}: expected one of {known}, a .jsonl/.json/.parquet path, or hf:<id>"
+            )
     if limit and limit < len(problems):
         keep = sorted(random.Random(seed).sample(range(len(problems)), limit))
         problems = [problems[i] for i in keep]

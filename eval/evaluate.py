@@ -12,6 +12,7 @@ this process, a Ray group of engines inside the trainer, a fake in tests)::
 With ``samples_path``, every graded sample is appended to a JSONL file as soon as its chunk is
 done, and a later call with the same path skips the problems already there (resume after a kill).
 """
+
 from __future__ import annotations
 
 import json
@@ -159,13 +160,19 @@ def evaluate(
     # uniform random subset of the set (a valid estimate), not its first (often easiest) part.
     # Records and metrics stay in problem order.
     random.Random(seed).shuffle(todo)
-    gen_kwargs: dict[str, Any] = dict(n=num_samples, temperature=temperature, top_p=top_p,
-                                      max_new_tokens=max_new_tokens, seed=seed)
+    gen_kwargs: dict[str, Any] = dict(
+        n=num_samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
+    )
     if template.stop:
         gen_kwargs["stop"] = list(template.stop)
     # The default log (stderr) gets a bar on a terminal, lines elsewhere; a given log gets lines.
-    progress = Progress(len(problems), "[eval]", unit="problem", initial=len(problems) - len(todo),
-                        log=None if log is _stderr else (log or (lambda _: None)))
+    progress = Progress(
+        len(problems),
+        "[eval]",
+        unit="problem",
+        initial=len(problems) - len(todo),
+        log=None if log is _stderr else (log or (lambda _: None)),
+    )
     num_tokens = 0
     for start in range(0, len(todo), chunk_size):
         chunk = todo[start : start + chunk_size]
@@ -189,12 +196,18 @@ def evaluate(
         summary["graders"] = grader_agreement(records, [grader_name, *other_graders])
     summary["settings"] = {
         "template": template.record(),
-        "num_samples": num_samples, "temperature": temperature, "top_p": top_p if temperature > 0 else 1.0,
-        "max_new_tokens": max_new_tokens, "seed": seed, "grader": grader_name,
+        "num_samples": num_samples,
+        "temperature": temperature,
+        "top_p": top_p if temperature > 0 else 1.0,
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        "grader": grader_name,
     }
     summary["timing"] = {
-        "num_problems_generated": len(todo), "num_problems_resumed": len(problems) - len(todo),
-        "generate_and_grade_seconds": progress.elapsed(), "num_tokens_generated": num_tokens,
+        "num_problems_generated": len(todo),
+        "num_problems_resumed": len(problems) - len(todo),
+        "generate_and_grade_seconds": progress.elapsed(),
+        "num_tokens_generated": num_tokens,
     }
     return EvalResult(summary=summary, records=records)
 
@@ -207,11 +220,15 @@ def _load_done(path: Path, prompts: dict[str, str], num_samples: int) -> dict[st
         if pid not in prompts:
             continue  # a problem outside this subset: keep nothing of it
         if r.get("prompt") != prompts[pid]:
-            raise ResumeError(f"{path}: problem {pid!r} was generated with a different prompt; "
-                              "use another output directory (or resume=false to start over)")
+            raise ResumeError(
+                f"{path}: problem {pid!r} was generated with a different prompt; "
+                "use another output directory (or resume=false to start over)"
+            )
         if r["sample_index"] >= num_samples:
-            raise ResumeError(f"{path}: has sample_index {r['sample_index']} but num_samples={num_samples}; "
-                              "use another output directory (or resume=false to start over)")
+            raise ResumeError(
+                f"{path}: has sample_index {r['sample_index']} but num_samples={num_samples}; "
+                "use another output directory (or resume=false to start over)"
+            )
         by_id.setdefault(pid, {})[r["sample_index"]] = r
     return {pid: [s[i] for i in range(num_samples)] for pid, s in by_id.items() if len(s) == num_samples}
 
@@ -222,28 +239,46 @@ def _check_arguments(problems: Sequence[Problem], num_samples: int, temperature:
     if num_samples < 1:
         raise ValueError(f"num_samples={num_samples}: need >= 1")
     if temperature <= 0 and num_samples > 1:
-        raise ValueError(f"num_samples={num_samples} with temperature={temperature}: greedy samples are identical; "
-                         "set temperature > 0 for sampling metrics")
+        raise ValueError(
+            f"num_samples={num_samples} with temperature={temperature}: greedy samples are identical; "
+            "set temperature > 0 for sampling metrics"
+        )
     ids = [p.id for p in problems]
     if len(set(ids)) != len(ids):
         dup = next(i for i in ids if ids.count(i) > 1)
         raise ValueError(f"problem ids must be unique (resume and reports key on them); {dup!r} repeats")
 
 
-def _graded_records(chunk: Sequence[Problem], outs: Sequence[Sequence[CompletionLike | str]], prompts: dict[str, str],
-                    num_samples: int, grade_many_fn: GradeManyFn) -> list[dict[str, Any]]:
+def _graded_records(
+    chunk: Sequence[Problem],
+    outs: Sequence[Sequence[CompletionLike | str]],
+    prompts: dict[str, str],
+    num_samples: int,
+    grade_many_fn: GradeManyFn,
+) -> list[dict[str, Any]]:
     """One record per (problem, sample) of a generated chunk, graded in one batch."""
     if len(outs) != len(chunk) or any(len(o) != num_samples for o in outs):
-        raise RuntimeError(f"generate_fn returned {[len(o) for o in outs]} completions for {len(chunk)} prompts "
-                           f"x {num_samples} samples")
+        raise RuntimeError(
+            f"generate_fn returned {[len(o) for o in outs]} completions for {len(chunk)} prompts "
+            f"x {num_samples} samples"
+        )
     flat = [(p, i, *_as_completion(c)) for p, cs in zip(chunk, outs) for i, c in enumerate(cs)]
     grades = grade_many_fn([f[2] for f in flat], [f[0].answer for f in flat], [f[0].dataset for f in flat])
     records = []
     for (p, i, text, num_tokens, finish), g in zip(flat, grades):
         record = {
-            "id": p.id, "sample_index": i, "question": p.question, "prompt": prompts[p.id], "response": text,
-            "extracted": g.extracted, "correct": bool(g.correct), "reason": g.reason,
-            "gold": p.answer, "dataset": p.dataset, "num_tokens": num_tokens, "finish_reason": finish,
+            "id": p.id,
+            "sample_index": i,
+            "question": p.question,
+            "prompt": prompts[p.id],
+            "response": text,
+            "extracted": g.extracted,
+            "correct": bool(g.correct),
+            "reason": g.reason,
+            "gold": p.answer,
+            "dataset": p.dataset,
+            "num_tokens": num_tokens,
+            "finish_reason": finish,
         }
         record.update({k: p.metadata[k] for k in ("subject", "level") if k in p.metadata})
         records.append(record)
@@ -270,9 +305,12 @@ def grader_agreement(records: Sequence[dict[str, Any]], names: Sequence[str]) ->
     """
     graded = [r["correct_by"] for r in records if all(n in r.get("correct_by", {}) for n in names)]
     num = len(graded)
-    out: dict[str, Any] = {"names": list(names), "num_samples": num,
-                           "accuracy": {n: sum(g[n] for g in graded) / num if num else 0.0 for n in names},
-                           "agreement": sum(len({g[n] for n in names}) == 1 for g in graded) / num if num else 0.0}
+    out: dict[str, Any] = {
+        "names": list(names),
+        "num_samples": num,
+        "accuracy": {n: sum(g[n] for g in graded) / num if num else 0.0 for n in names},
+        "agreement": sum(len({g[n] for n in names}) == 1 for g in graded) / num if num else 0.0,
+    }
     if len(names) == 2:
         a, b = names
         out[f"{a}_only"] = sum(g[a] and not g[b] for g in graded)
@@ -280,8 +318,13 @@ def grader_agreement(records: Sequence[dict[str, Any]], names: Sequence[str]) ->
     return out
 
 
-def _resume(path: Path | None, problems: Sequence[Problem], prompts: dict[str, str], num_samples: int,
-            log: Callable[[str], None]) -> dict[str, list[dict[str, Any]]]:
+def _resume(
+    path: Path | None,
+    problems: Sequence[Problem],
+    prompts: dict[str, str],
+    num_samples: int,
+    log: Callable[[str], None],
+) -> dict[str, list[dict[str, Any]]]:
     """Finished problems from ``path`` (which is rewritten to hold exactly those), or {}."""
     if path is None:
         return {}

@@ -6,6 +6,7 @@ writes a completion marker last: a cache entry or checkpoint counts only when th
 This is the only place in the project that writes a file this way; the lowest layer (see the
 README's layer order) so that every package can use it.
 """
+
 from __future__ import annotations
 
 import json

@@ -53,6 +53,7 @@ Safety
 
 Reasons: "equal", "not_equal", "no_answer", "unclosed_box", "truncated", "timeout", "error".
 """
+
 from __future__ import annotations
 
 import argparse

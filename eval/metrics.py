@@ -7,6 +7,7 @@ every per-problem value is 0 or 1 (a binomial proportion: greedy accuracy, maj@k
 bootstrap over problems otherwise (sampling accuracy, pass@k), with a fixed seed so reports are
 reproducible. Each interval says which method made it.
 """
+
 from __future__ import annotations
 
 import math
@@ -144,7 +145,9 @@ def by_group(keys: Sequence[Hashable], values: Sequence[float], seed: int = 0) -
     return {str(k): mean_with_ci(groups[k], seed=seed) for k in sorted(groups, key=lambda k: (str(type(k)), str(k)))}
 
 
-def summarize(problems: Sequence[Sequence[dict[str, Any]]], ks: Sequence[int] | None = None, seed: int = 0) -> dict[str, Any]:
+def summarize(
+    problems: Sequence[Sequence[dict[str, Any]]], ks: Sequence[int] | None = None, seed: int = 0
+) -> dict[str, Any]:
     """All metrics of one evaluation.
 
     ``problems``: per problem, its samples in sample order; each sample a dict with ``correct``
@@ -174,7 +177,10 @@ def summarize(problems: Sequence[Sequence[dict[str, Any]]], ks: Sequence[int] | 
         }
         summary["maj@k"] = {
             str(k): mean_with_ci(
-                [float(maj_at_k([s.get("extracted") for s in p], [bool(s["correct"]) for s in p], k)) for p in problems],
+                [
+                    float(maj_at_k([s.get("extracted") for s in p], [bool(s["correct"]) for s in p], k))
+                    for p in problems
+                ],
                 seed=seed,
             )
             for k in ks

@@ -1,4 +1,5 @@
 """The unit every dataset loader yields: a question with its gold answer."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -5,6 +5,7 @@ a ``Progress`` is a tqdm bar redrawn in place on stderr. Anywhere else (a log fi
 of a Ray worker, which Ray forwards to the driver line by line) it writes whole lines instead, one
 every ``every`` units and the last: a bar's carriage-return fragments never mix with other lines.
 """
+
 from __future__ import annotations
 
 import sys
@@ -16,15 +17,17 @@ from tqdm import tqdm
 LINE_FORMAT = "{desc} {n_fmt}/{total_fmt} ({percentage:.0f}%) [{elapsed}<{remaining}, {rate_fmt}{postfix}]"
 
 
-def progress_line(n: int, total: int, elapsed_s: float, desc: str, unit: str, initial: int = 0,
-                  postfix: str = "") -> str:
+def progress_line(
+    n: int, total: int, elapsed_s: float, desc: str, unit: str, initial: int = 0, postfix: str = ""
+) -> str:
     """One progress line; the rate counts only the units done since ``initial`` (e.g. after a resume).
 
     >>> progress_line(3, 10, 42.0, "[iter]", "iter", postfix="success 0.5")
     '[iter] 3/10 (30%) [00:42<01:38, 14.00s/iter, success 0.5]'
     """
-    return tqdm.format_meter(n, total, elapsed_s, prefix=desc, unit=unit, initial=initial, bar_format=LINE_FORMAT,
-                             postfix=postfix or None)
+    return tqdm.format_meter(
+        n, total, elapsed_s, prefix=desc, unit=unit, initial=initial, bar_format=LINE_FORMAT, postfix=postfix or None
+    )
 
 
 def _stderr(line: str) -> None:
@@ -38,8 +41,15 @@ class Progress:
     ``every``: in line mode, a line once this many units have passed since the last one.
     """
 
-    def __init__(self, total: int, desc: str, unit: str = "it", initial: int = 0, every: int = 1,
-                 log: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        total: int,
+        desc: str,
+        unit: str = "it",
+        initial: int = 0,
+        every: int = 1,
+        log: Callable[[str], None] | None = None,
+    ):
         self.total, self.desc, self.unit, self.initial, self.every = total, desc, unit, initial, max(1, every)
         self.n = self._last_line_n = initial
         self.t0 = time.monotonic()

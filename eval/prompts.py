@@ -18,6 +18,7 @@ raw                    plain text "Question: ...\\nAnswer:" for base models (sto
                        "Question:")
 =====================  ==========================================================================
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -3,6 +3,7 @@
 Every file is written atomically (``eval.files``), so a killed run never leaves a half-written
 summary or report behind.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,9 +37,16 @@ def _metric_rows(summary: dict[str, Any]) -> list[str]:
 def _grader_rows(graders: dict[str, Any], primary: str) -> list[str]:
     """Each grader's accuracy over all samples, and how often they agree (eval.evaluate.grader_agreement)."""
     names = graders["names"]
-    lines = ["### Graders", "", f"`correct` above is {primary}'s verdict; every sample was also graded by "
-             + ", ".join(n for n in names if n != primary) + ".", "",
-             "| grader | accuracy % |", "| --- | ---: |"]
+    lines = [
+        "### Graders",
+        "",
+        f"`correct` above is {primary}'s verdict; every sample was also graded by "
+        + ", ".join(n for n in names if n != primary)
+        + ".",
+        "",
+        "| grader | accuracy % |",
+        "| --- | ---: |",
+    ]
     lines += [f"| {n} | {_pct(graders['accuracy'][n])} |" for n in names]
     lines += ["", f"Same verdict on {_pct(graders['agreement'])}% of {graders['num_samples']} samples"]
     if len(names) == 2:
@@ -61,17 +69,30 @@ def render_markdown(summary: dict[str, Any], records: list[dict[str, Any]], num_
     lines = [f"# Evaluation: {run.get('model', '?')} on {run.get('dataset', '?')}", ""]
     info = [
         ("model", f"{run.get('model', '?')} (`{run.get('model_dir', '?')}`)"),
-        ("dataset", f"{run.get('dataset', '?')}: {summary['num_problems']} problems"
-                    + (f" (fixed-seed subset: limit={run['limit']}, seed={run.get('data_seed', 0)})" if run.get("limit") else "")),
-        ("sampling", "greedy" if settings.get("temperature", 0) <= 0 else
-         f"n={settings.get('num_samples')}, temperature={settings.get('temperature')}, top_p={settings.get('top_p')}, seed={settings.get('seed')}"),
+        (
+            "dataset",
+            f"{run.get('dataset', '?')}: {summary['num_problems']} problems"
+            + (
+                f" (fixed-seed subset: limit={run['limit']}, seed={run.get('data_seed', 0)})"
+                if run.get("limit")
+                else ""
+            ),
+        ),
+        (
+            "sampling",
+            "greedy"
+            if settings.get("temperature", 0) <= 0
+            else f"n={settings.get('num_samples')}, temperature={settings.get('temperature')}, top_p={settings.get('top_p')}, seed={settings.get('seed')}",
+        ),
         ("max new tokens", settings.get("max_new_tokens")),
         ("prompt", f"`{template.get('name', '?')}`"),
         ("wall time", f"{run['wall_seconds']:.0f} s" if "wall_seconds" in run else "?"),
     ]
     if "engine" in run:
         e = run["engine"]
-        info.append(("engine", f"vLLM {e.get('vllm_version', '')} on {e.get('device', '?')}, dtype {e.get('dtype', '?')}"))
+        info.append(
+            ("engine", f"vLLM {e.get('vllm_version', '')} on {e.get('device', '?')}, dtype {e.get('dtype', '?')}")
+        )
     lines += ["| | |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in info] + [""]
 
     lines += ["## Results", "", "| metric | % [95% CI] | CI method |", "| --- | --- | --- |"]
@@ -83,19 +104,32 @@ def render_markdown(summary: dict[str, Any], records: list[dict[str, Any]], num_
             lines += _group_table(title, summary[key])
     length = summary["length"]
     lines += [
-        "## Responses", "",
+        "## Responses",
+        "",
         f"Length in tokens: mean {length['mean']:.0f}, median {length['median']:.0f}, p90 {length['p90']:.0f}, "
         f"max {length['max']:.0f}. Cut off at max new tokens: {_pct(summary['truncated_fraction'])}%. "
-        f"No extractable answer: {_pct(summary['no_answer_fraction'])}%.", "",
+        f"No extractable answer: {_pct(summary['no_answer_fraction'])}%.",
+        "",
     ]
 
-    lines += ["## Prompt template", "",
-              f"`{template.get('name')}`: chat={template.get('chat')}, stop={template.get('stop')}, "
-              f"{len(template.get('fewshot', []))} few-shot exemplars"
-              + (f" (ids {', '.join(template.get('fewshot_ids', []))})" if template.get("fewshot_ids") else "") + ".", ""]
+    lines += [
+        "## Prompt template",
+        "",
+        f"`{template.get('name')}`: chat={template.get('chat')}, stop={template.get('stop')}, "
+        f"{len(template.get('fewshot', []))} few-shot exemplars"
+        + (f" (ids {', '.join(template.get('fewshot_ids', []))})" if template.get("fewshot_ids") else "")
+        + ".",
+        "",
+    ]
     if run.get("prompt_example"):
-        lines += ["Exact prompt text, `{question}` standing for the problem:", "", "````text",
-                  run["prompt_example"], "````", ""]
+        lines += [
+            "Exact prompt text, `{question}` standing for the problem:",
+            "",
+            "````text",
+            run["prompt_example"],
+            "````",
+            "",
+        ]
     else:
         lines += [f"system: `{template.get('system', '')}`", "", f"user: `{template.get('user', '')}`", ""]
 
@@ -103,8 +137,15 @@ def render_markdown(summary: dict[str, Any], records: list[dict[str, Any]], num_
         lines += ["## Examples", ""]
         for r in records[:num_examples]:
             response = r["response"] if len(r["response"]) <= 800 else r["response"][:800] + " [...]"
-            lines += [f"**{r['id']}** (sample {r['sample_index']}): extracted `{r['extracted']}`, gold `{r['gold']}`, "
-                      f"{'correct' if r['correct'] else 'incorrect'} ({r['reason']})", "", "````text", response, "````", ""]
+            lines += [
+                f"**{r['id']}** (sample {r['sample_index']}): extracted `{r['extracted']}`, gold `{r['gold']}`, "
+                f"{'correct' if r['correct'] else 'incorrect'} ({r['reason']})",
+                "",
+                "````text",
+                response,
+                "````",
+                "",
+            ]
     return "\n".join(lines)
 
 
@@ -119,15 +160,23 @@ def write_report(run_dir: Path, summary: dict[str, Any], records: list[dict[str,
 def load_summary(run_dir: Path) -> dict[str, Any]:
     path = Path(run_dir) / SUMMARY_FILE
     if not path.exists():
-        raise FileNotFoundError(f"{run_dir}: no {SUMMARY_FILE} (not an evaluation run directory, or the run did not finish)")
+        raise FileNotFoundError(
+            f"{run_dir}: no {SUMMARY_FILE} (not an evaluation run directory, or the run did not finish)"
+        )
     return json.loads(path.read_text(encoding="utf-8"))
 
 
 # ---- The reward paper's table (scripts/reproduce_reward_paper.sh) -------------------------------------
 
-REWARD_ROWS = (("base", "(base model, no RL)"), ("success", "Success reward (SR) only"), ("orm", "SR + OR"),
-               ("prm", "SR + PR"), ("prm_clip", "SR + PR-Clip"), ("prm_delta", "SR + PR-Delta"),
-               ("prm_clip_delta", "SR + PR-Clip-Delta"))
+REWARD_ROWS = (
+    ("base", "(base model, no RL)"),
+    ("success", "Success reward (SR) only"),
+    ("orm", "SR + OR"),
+    ("prm", "SR + PR"),
+    ("prm_clip", "SR + PR-Clip"),
+    ("prm_delta", "SR + PR-Delta"),
+    ("prm_clip_delta", "SR + PR-Clip-Delta"),
+)
 """(reward option, the paper's row name), in the paper's order."""
 BENCHMARK_NAMES = {"math500": "MATH-500", "math": "MATH", "gsm8k": "GSM8K", "synthetic": "synthetic"}
 PAPER_BENCHMARK = {"math500": "MATH", "math": "MATH", "gsm8k": "GSM8K"}
@@ -136,11 +185,21 @@ PAPER_GREEDY = {
     # summaries of the full text, not checked against the PDF). Only the base model and SR + PR-Clip-Delta
     # are reported for the Qwen2.5-Math models.
     "1.5b": {"model": "Qwen2.5-Math-1.5B-Instruct", "MATH": {"base": 76.00, "prm_clip_delta": 76.78}, "GSM8K": {}},
-    "7b": {"model": "Qwen2.5-Math-7B-Instruct", "MATH": {"base": 83.30, "prm_clip_delta": 83.38},
-           "GSM8K": {"base": 95.60, "prm_clip_delta": 95.60}},
+    "7b": {
+        "model": "Qwen2.5-Math-7B-Instruct",
+        "MATH": {"base": 83.30, "prm_clip_delta": 83.38},
+        "GSM8K": {"base": 95.60, "prm_clip_delta": 95.60},
+    },
 }
-PAPER_ABLATION_MATH = {"base": 24.90, "success": 30.58, "orm": 30.57, "prm": 11.16, "prm_clip": 30.30,
-                       "prm_delta": 30.68, "prm_clip_delta": 31.44}
+PAPER_ABLATION_MATH = {
+    "base": 24.90,
+    "success": 30.58,
+    "orm": 30.57,
+    "prm": 11.16,
+    "prm_clip": 30.30,
+    "prm_delta": 30.68,
+    "prm_clip_delta": 31.44,
+}
 """The paper's six-option ablation (Table A): Qwen2-1.5B-Instruct, MATH greedy accuracy (%)."""
 
 
@@ -182,13 +241,18 @@ def reward_paper_table(sweep_dir: Path, size: str, seed: int, benchmarks: list[s
                 row.append(f"{value:.2f}" if value is not None else "—")
         lines.append("| " + " | ".join(row) + " |")
     model = paper.get("model", f"the `{size}` policy")
-    notes = ["", f"Greedy accuracy (%), one run per option (seed {seed}), {model}; problems per benchmark: "
-             + ", ".join(f"{BENCHMARK_NAMES.get(b, b)} {n}" for b, n in num_problems.items()) + ".",
-             "realm: the project's grader (eval/grade.py); math-verify: the same responses graded by math-verify.",
-             "Paper: Gao et al. 2024 (arXiv 2410.15115), which reports only the base model and SR + PR-Clip-Delta for "
-             "Qwen2.5-Math; its MATH split is not stated (ours: MATH-500). Its six-option ablation on "
-             "Qwen2-1.5B-Instruct (MATH greedy): "
-             + ", ".join(f"{dict(REWARD_ROWS)[k]} {v:.2f}" for k, v in PAPER_ABLATION_MATH.items()) + "."]
+    notes = [
+        "",
+        f"Greedy accuracy (%), one run per option (seed {seed}), {model}; problems per benchmark: "
+        + ", ".join(f"{BENCHMARK_NAMES.get(b, b)} {n}" for b, n in num_problems.items())
+        + ".",
+        "realm: the project's grader (eval/grade.py); math-verify: the same responses graded by math-verify.",
+        "Paper: Gao et al. 2024 (arXiv 2410.15115), which reports only the base model and SR + PR-Clip-Delta for "
+        "Qwen2.5-Math; its MATH split is not stated (ours: MATH-500). Its six-option ablation on "
+        "Qwen2-1.5B-Instruct (MATH greedy): "
+        + ", ".join(f"{dict(REWARD_ROWS)[k]} {v:.2f}" for k, v in PAPER_ABLATION_MATH.items())
+        + ".",
+    ]
     return "\n".join(lines + notes) + "\n"
 
 

@@ -18,6 +18,7 @@ consistently; their per-step labels follow the Math-Shepherd convention (a step 
 correct answer is still reachable from the prefix ending there): 1 before j, 0 from j on.
 This data trains the small ORM/PRM and powers the CPU default run.
 """
+
 from __future__ import annotations
 
 import random

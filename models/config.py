@@ -1,4 +1,5 @@
 """Typed model config: one home for every model default."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -96,12 +97,16 @@ class ModelConfig:
         if shape.given:
             for key in ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size"):
                 if getattr(shape, key) < 1:
-                    raise ValueError(f"model.shape.{key}={getattr(shape, key)}: must be >= 1 when "
-                                     f"model.shape.num_hidden_layers is given (model {self.name!r})")
+                    raise ValueError(
+                        f"model.shape.{key}={getattr(shape, key)}: must be >= 1 when "
+                        f"model.shape.num_hidden_layers is given (model {self.name!r})"
+                    )
             if shape.num_attention_heads % shape.num_key_value_heads or shape.hidden_size % shape.num_attention_heads:
-                raise ValueError(f"model.shape: num_attention_heads={shape.num_attention_heads} must be a multiple of "
-                                 f"num_key_value_heads={shape.num_key_value_heads} and divide "
-                                 f"hidden_size={shape.hidden_size} (model {self.name!r})")
+                raise ValueError(
+                    f"model.shape: num_attention_heads={shape.num_attention_heads} must be a multiple of "
+                    f"num_key_value_heads={shape.num_key_value_heads} and divide "
+                    f"hidden_size={shape.hidden_size} (model {self.name!r})"
+                )
         if self.source == ModelSource.tiny:
             head_dim, rem = divmod(self.tiny.hidden_size, self.tiny.num_heads)
             if rem:

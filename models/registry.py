@@ -8,6 +8,7 @@ The cache lives in ``$REALM_CACHE_DIR`` (default ``~/.cache/realm``); entries ar
 of the config and built with ``eval.files.atomic_build_dir``, so a killed build leaves nothing
 half-written.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,7 +54,9 @@ def resolve_model_dir(cfg: ModelConfig) -> Path:
         from models.gguf import convert_gguf
 
         target = cache_root() / "models" / f"gguf-{cfg.name}-{_config_key(cfg)}"
-        return atomic_build_dir(target, lambda d: convert_gguf(find_packaged_file(cfg.path, cfg.hub_hint), d, cfg.dtype))
+        return atomic_build_dir(
+            target, lambda d: convert_gguf(find_packaged_file(cfg.path, cfg.hub_hint), d, cfg.dtype)
+        )
     path = Path(cfg.path).expanduser()
     if path.is_dir():
         if not (path / "config.json").exists():

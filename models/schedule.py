@@ -11,6 +11,7 @@ With w warm-up steps, n steps in all and a floor f (0 unless given), the multipl
 so the first post-warm-up step runs at the full rate and the multiplier reaches f only at s = n,
 one past the last step.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,9 +28,7 @@ class LRSchedule(Enum):
     cosine = "cosine"
 
 
-def lr_multiplier(
-    schedule: LRSchedule, num_warmup: int, num_total: int, floor: float = 0.0
-) -> Callable[[int], float]:
+def lr_multiplier(schedule: LRSchedule, num_warmup: int, num_total: int, floor: float = 0.0) -> Callable[[int], float]:
     """The multiplier function of the module docstring, for ``LambdaLR(lr_lambda=...)``."""
     if num_warmup < 0 or num_total < 1:
         raise ValueError(f"lr schedule needs num_warmup >= 0 and num_total >= 1 (got {num_warmup}, {num_total})")

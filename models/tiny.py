@@ -1,4 +1,5 @@
 """Tiny Qwen2/Llama models with a locally trained byte-level BPE tokenizer, deterministic by seed."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -47,7 +48,9 @@ def build_tiny(cfg: TinyArchConfig, out_dir: Path) -> None:
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     tok = build_tokenizer(cfg.vocab_size, out_dir)
-    config_cls, model_cls = (Qwen2Config, Qwen2ForCausalLM) if cfg.arch == Arch.qwen2 else (LlamaConfig, LlamaForCausalLM)
+    config_cls, model_cls = (
+        (Qwen2Config, Qwen2ForCausalLM) if cfg.arch == Arch.qwen2 else (LlamaConfig, LlamaForCausalLM)
+    )
     config = config_cls(
         vocab_size=len(tok),
         hidden_size=cfg.hidden_size,

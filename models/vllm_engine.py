@@ -18,6 +18,7 @@ twice. Logprobs are the model's raw log-probabilities of each sampled token (vLL
 works on machines without vLLM (e.g. to use ``Completion``). The environment defaults
 (``reallocation/env.py``) are set at import time because vLLM reads most of them when it is first imported.
 """
+
 from __future__ import annotations
 
 import os
@@ -270,8 +271,16 @@ class VLLMEngine:
         """
 
         def fn(prompts, *, n=1, temperature=0.0, top_p=1.0, max_new_tokens=256, seed=None, stop=None):
-            return self.generate(prompts, n=n, temperature=temperature, top_p=top_p,
-                                 max_new_tokens=max_new_tokens, seed=seed, logprobs=logprobs, stop=stop)
+            return self.generate(
+                prompts,
+                n=n,
+                temperature=temperature,
+                top_p=top_p,
+                max_new_tokens=max_new_tokens,
+                seed=seed,
+                logprobs=logprobs,
+                stop=stop,
+            )
 
         return fn
 

@@ -35,8 +35,9 @@ from reallocation.shapes import size_in_billions
 BASELINES = ("real_heuristic", "symmetric", "disjoint")
 
 
-def _best_knobs(call: str, devices: tuple[int, ...], pp: int, dp: int, tp: int, w: Workload,
-                hw: Hardware) -> CallAllocation:
+def _best_knobs(
+    call: str, devices: tuple[int, ...], pp: int, dp: int, tp: int, w: Workload, hw: Hardware
+) -> CallAllocation:
     """The rule's allocation with the fastest micro-batch count and checkpointing that fit alone;
     the most memory-frugal one when nothing fits (the plan is then reported as not fitting)."""
     ev = evaluator(w, hw)
@@ -66,8 +67,10 @@ def real_heuristic(w: Workload, hw: Hardware) -> ExecutionPlan:
     n, g = hw.num_nodes, hw.gpus_per_node
     every = tuple(range(n * g))
     tp4 = min(4, g)
-    calls = {"actor_gen": _adapt("actor_gen", every, max(2, n), 1, w, hw),
-             "ref_inf": _adapt("ref_inf", every, n, tp4, w, hw)}
+    calls = {
+        "actor_gen": _adapt("actor_gen", every, max(2, n), 1, w, hw),
+        "ref_inf": _adapt("ref_inf", every, n, tp4, w, hw),
+    }
     if n == 1:
         first, second = tuple(range(g // 2 or 1)), tuple(range(g // 2, g)) or (0,)
         for call, spec, devices in (("actor_train", w.actor, first), ("critic_train", w.critic, second)):
@@ -79,8 +82,12 @@ def real_heuristic(w: Workload, hw: Hardware) -> ExecutionPlan:
         a, c = size_in_billions(w.actor), size_in_billions(w.critic)
         actor_nodes = min(math.ceil(n * a / (a + c)), n - 1)
         reward_nodes = math.ceil(n / 2)
-        for call, lo, hi in (("actor_train", 0, actor_nodes), ("critic_train", actor_nodes, n),
-                             ("rew_inf", 0, reward_nodes), ("critic_inf", reward_nodes, n)):
+        for call, lo, hi in (
+            ("actor_train", 0, actor_nodes),
+            ("critic_train", actor_nodes, n),
+            ("rew_inf", 0, reward_nodes),
+            ("critic_inf", reward_nodes, n),
+        ):
             if call == "rew_inf" and w.reward is None:
                 continue
             calls[call] = _adapt(call, tuple(range(lo * g, hi * g)), hi - lo, tp4, w, hw)
@@ -92,8 +99,9 @@ def real_heuristic(w: Workload, hw: Hardware) -> ExecutionPlan:
 VARIANTS = tuple((f, frozen_only) for f in (1.0, 0.75, 0.5, 0.35, 0.25, 0.15) for frozen_only in (False, True))
 
 
-def _pick(call: str, options: list[CallAllocation], variant: tuple[float, bool], w: Workload,
-          hw: Hardware) -> CallAllocation:
+def _pick(
+    call: str, options: list[CallAllocation], variant: tuple[float, bool], w: Workload, hw: Hardware
+) -> CallAllocation:
     """The fastest option within the variant's memory share (the most frugal when none is)."""
     fraction, frozen_only = variant
     if frozen_only and call not in ("ref_inf", "rew_inf"):
@@ -136,8 +144,13 @@ def symmetric(w: Workload, hw: Hardware) -> ExecutionPlan:
 
 
 GROUPS = ("gen", "actor", "critic", "ref", "reward")
-GROUP_CALLS = {"gen": ("actor_gen",), "actor": ("actor_train",), "critic": ("critic_train", "critic_inf"),
-               "ref": ("ref_inf",), "reward": ("rew_inf",)}
+GROUP_CALLS = {
+    "gen": ("actor_gen",),
+    "actor": ("actor_train",),
+    "critic": ("critic_train", "critic_inf"),
+    "ref": ("ref_inf",),
+    "reward": ("rew_inf",),
+}
 
 
 def _group_sizes(num_gpus: int, num_groups: int) -> list[tuple[int, ...]]:

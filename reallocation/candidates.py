@@ -38,8 +38,9 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def strategies(call: str, devices: tuple[int, ...], w: Workload, hw: Hardware, *, pp_one: bool = False,
-               tp: int | None = None) -> list[CallAllocation]:
+def strategies(
+    call: str, devices: tuple[int, ...], w: Workload, hw: Hardware, *, pp_one: bool = False, tp: int | None = None
+) -> list[CallAllocation]:
     """Every ``(pp, dp, tp, knobs)`` of ``call`` on ``devices`` that fits alone, fastest first.
 
     Worked out once per mesh shape (size, inside one node or not) and moved onto ``devices``.
@@ -49,16 +50,20 @@ def strategies(call: str, devices: tuple[int, ...], w: Workload, hw: Hardware, *
     cache = _STRATEGIES.setdefault((w, hw, id(hw.profile)), {})  # Hardware's hash leaves the profile out
     if key not in cache:
         cache[key] = _strategies(call, devices, w, hw, pp_one, tp)
-    return [a if a.devices == devices else CallAllocation(devices, a.pp, a.dp, a.tp, a.num_microbatches,
-                                                           a.activation_checkpointing, a.offload)
-            for a in cache[key]]
+    return [
+        a
+        if a.devices == devices
+        else CallAllocation(devices, a.pp, a.dp, a.tp, a.num_microbatches, a.activation_checkpointing, a.offload)
+        for a in cache[key]
+    ]
 
 
 _STRATEGIES: dict[tuple[Workload, Hardware, int], dict[tuple, list[CallAllocation]]] = {}
 
 
-def _strategies(call: str, devices: tuple[int, ...], w: Workload, hw: Hardware, pp_one: bool,
-                tp: int | None) -> list[CallAllocation]:
+def _strategies(
+    call: str, devices: tuple[int, ...], w: Workload, hw: Hardware, pp_one: bool, tp: int | None
+) -> list[CallAllocation]:
     spec, kind, ev = w.spec(call), CALL_KIND[call], evaluator(w, hw)
     out = []
     for t in _divisors(len(devices)) if tp is None else [tp]:
@@ -117,7 +122,9 @@ def candidates(call: str, w: Workload, hw: Hardware) -> list[CallAllocation]:
     for mesh in device_meshes(hw):
         if len(mesh) not in fronts:
             fronts[len(mesh)] = pareto(call, strategies(call, mesh, w, hw), w, hw)
-        out.extend(CallAllocation(mesh, a.pp, a.dp, a.tp, a.num_microbatches, a.activation_checkpointing, a.offload)
-                   for a in fronts[len(mesh)])
+        out.extend(
+            CallAllocation(mesh, a.pp, a.dp, a.tp, a.num_microbatches, a.activation_checkpointing, a.offload)
+            for a in fronts[len(mesh)]
+        )
     out.sort(key=lambda a: (ev.seconds(call, a), len(a.devices), a.devices))
     return out

@@ -4,6 +4,7 @@ What runs where (each model function call's devices and layout) is not configure
 field: it is an execution plan (``reallocation/execution_plan.py``), chosen at start by
 ``trainer/plan_select.resolve_plan`` from ``plan``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

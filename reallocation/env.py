@@ -3,6 +3,7 @@ settings the tests add, and the keys every Ray worker inherits from the driver.
 
 ``setdefault`` everywhere: a user's explicit setting always wins.
 """
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,15 @@ TEST_DEFAULTS: Mapping[str, str] = {
 
 # Ray workers get these from the driver, so that nothing they start talks to anything but the
 # sources the driver was told to use (and they import the same code).
-WORKER_KEYS: tuple[str, ...] = tuple(RUNTIME_DEFAULTS) + tuple(TEST_DEFAULTS) + (
-    "REALM_CACHE_DIR", "OMP_NUM_THREADS", "PYTHONPATH", "VLLM_LOGGING_LEVEL",
+WORKER_KEYS: tuple[str, ...] = (
+    tuple(RUNTIME_DEFAULTS)
+    + tuple(TEST_DEFAULTS)
+    + (
+        "REALM_CACHE_DIR",
+        "OMP_NUM_THREADS",
+        "PYTHONPATH",
+        "VLLM_LOGGING_LEVEL",
+    )
 )
 
 

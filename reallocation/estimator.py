@@ -69,16 +69,39 @@ class Hardware:
 
 # Published specs (bf16 dense peak, HBM, NVLink per GPU one way, node NIC); mfu is an assumption.
 HARDWARE = {
-    "a100-80g": dict(gpu_memory_bytes=80 << 30, peak_flops=312e12, hbm_bytes_per_s=2.0e12,
-                     intra_node_bytes_per_s=300e9, inter_node_bytes_per_s=25e9),
-    "h100": dict(gpu_memory_bytes=80 << 30, peak_flops=989e12, hbm_bytes_per_s=3.35e12,
-                 intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9),
-    "h200": dict(gpu_memory_bytes=141 << 30, peak_flops=989e12, hbm_bytes_per_s=4.8e12,
-                 intra_node_bytes_per_s=450e9, inter_node_bytes_per_s=50e9),
+    "a100-80g": dict(
+        gpu_memory_bytes=80 << 30,
+        peak_flops=312e12,
+        hbm_bytes_per_s=2.0e12,
+        intra_node_bytes_per_s=300e9,
+        inter_node_bytes_per_s=25e9,
+    ),
+    "h100": dict(
+        gpu_memory_bytes=80 << 30,
+        peak_flops=989e12,
+        hbm_bytes_per_s=3.35e12,
+        intra_node_bytes_per_s=450e9,
+        inter_node_bytes_per_s=50e9,
+    ),
+    "h200": dict(
+        gpu_memory_bytes=141 << 30,
+        peak_flops=989e12,
+        hbm_bytes_per_s=4.8e12,
+        intra_node_bytes_per_s=450e9,
+        inter_node_bytes_per_s=50e9,
+    ),
     # A 2-core CPU "device" with gloo: only meaningful with a measured profile.
-    "cpu": dict(gpu_memory_bytes=8 << 30, peak_flops=50e9, mfu=0.5, hbm_bytes_per_s=10e9,
-                intra_node_bytes_per_s=2e9, inter_node_bytes_per_s=1e9, host_bytes_per_s=10e9,
-                collective_latency_s=100e-6, half_efficiency_tokens=16.0),
+    "cpu": dict(
+        gpu_memory_bytes=8 << 30,
+        peak_flops=50e9,
+        mfu=0.5,
+        hbm_bytes_per_s=10e9,
+        intra_node_bytes_per_s=2e9,
+        inter_node_bytes_per_s=1e9,
+        host_bytes_per_s=10e9,
+        collective_latency_s=100e-6,
+        half_efficiency_tokens=16.0,
+    ),
 }
 
 
@@ -140,7 +163,9 @@ def _dp_link(alloc: CallAllocation, hw: Hardware) -> float:
     return hw.intra_node_bytes_per_s if len(nodes) == 1 else hw.inter_node_bytes_per_s / hw.gpus_per_node
 
 
-def _tp_comm(spec: ModelSpec, alloc: CallAllocation, tokens_per_replica: float, num_collectives: int, hw: Hardware) -> float:
+def _tp_comm(
+    spec: ModelSpec, alloc: CallAllocation, tokens_per_replica: float, num_collectives: int, hw: Hardware
+) -> float:
     """Ring all-reduces of ``tokens_per_replica`` activations, ``num_collectives`` per layer."""
     if alloc.tp == 1:
         return 0.0
@@ -151,12 +176,22 @@ def _tp_comm(spec: ModelSpec, alloc: CallAllocation, tokens_per_replica: float, 
 def _pp_comm(spec: ModelSpec, alloc: CallAllocation, tokens_per_replica: float, passes: int, hw: Hardware) -> float:
     if alloc.pp == 1:
         return 0.0
-    one_node = alloc.devices[0] // hw.gpus_per_node == alloc.devices[-1] // hw.gpus_per_node == min(alloc.devices) // hw.gpus_per_node
+    one_node = (
+        alloc.devices[0] // hw.gpus_per_node
+        == alloc.devices[-1] // hw.gpus_per_node
+        == min(alloc.devices) // hw.gpus_per_node
+    )
     link = hw.intra_node_bytes_per_s if one_node else hw.inter_node_bytes_per_s / hw.gpus_per_node
-    return passes * (alloc.pp - 1) * (tokens_per_replica * spec.hidden_size * BYTES / alloc.tp / link + hw.collective_latency_s)
+    return (
+        passes
+        * (alloc.pp - 1)
+        * (tokens_per_replica * spec.hidden_size * BYTES / alloc.tp / link + hw.collective_latency_s)
+    )
 
 
-def _measured(op: str, spec: ModelSpec, tokens: float, alloc: CallAllocation, hw: Hardware, context: float = 0.0) -> float:
+def _measured(
+    op: str, spec: ModelSpec, tokens: float, alloc: CallAllocation, hw: Hardware, context: float = 0.0
+) -> float:
     """Seconds of one layer (or the LM head, ``head_*`` ops) from ``hw.profile``."""
     return hw.profile.seconds(op, spec, tokens=tokens, context=context, tp=alloc.tp)  # type: ignore[attr-defined]
 
@@ -179,7 +214,9 @@ def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload,
         ckpt = (4 / 3) if train and alloc.activation_checkpointing else 1.0
         compute = (layer * ckpt * spec.num_layers / pp + head) * mb * bubble
     else:
-        compute = 2 * n * tokens * passes / (len(alloc.devices) * hw.peak_flops * _efficiency(tokens_mb / tp, hw)) * bubble
+        compute = (
+            2 * n * tokens * passes / (len(alloc.devices) * hw.peak_flops * _efficiency(tokens_mb / tp, hw)) * bubble
+        )
     t = compute + _tp_comm(spec, alloc, tokens / dp, 2 * passes, hw) * bubble
     t += _pp_comm(spec, alloc, tokens / dp, 2 if train else 1, hw)
     if train:
@@ -201,10 +238,13 @@ def _generate_seconds(spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: H
     prefill_tokens = wave * w.prompt_len
     context = w.prompt_len + w.gen_len / 2
     if hw.profile is not None:
-        prefill = (_measured("forward", spec, prefill_tokens, alloc, hw, w.prompt_len) * spec.num_layers
-                   + _measured("head_forward", spec, wave, alloc, hw))
-        stage = (_measured("decode", spec, wave, alloc, hw, context) * spec.num_layers
-                 + _measured("head_forward", spec, wave, alloc, hw)) / pp
+        prefill = _measured("forward", spec, prefill_tokens, alloc, hw, w.prompt_len) * spec.num_layers + _measured(
+            "head_forward", spec, wave, alloc, hw
+        )
+        stage = (
+            _measured("decode", spec, wave, alloc, hw, context) * spec.num_layers
+            + _measured("head_forward", spec, wave, alloc, hw)
+        ) / pp
     else:
         prefill = 2 * n * prefill_tokens / (tp * hw.peak_flops * _efficiency(prefill_tokens / tp, hw))
         weights = n * BYTES / (tp * pp)
@@ -225,11 +265,18 @@ def _kv_bytes(spec: ModelSpec, alloc: CallAllocation, sequences: float, length: 
 
 def shares_training_layout(call: str, alloc: CallAllocation, train: CallAllocation) -> bool:
     """True when ``call`` can run on the training copy itself (same GPUs and shards: no FSDP, same pp/tp)."""
-    return (alloc.devices == train.devices and alloc.pp == train.pp and alloc.tp == train.tp
-            and alloc.dp == 1 and train.dp == 1)
+    return (
+        alloc.devices == train.devices
+        and alloc.pp == train.pp
+        and alloc.tp == train.tp
+        and alloc.dp == 1
+        and train.dp == 1
+    )
 
 
-def call_memory(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload, own_copy: bool = True) -> tuple[float, float]:
+def call_memory(
+    call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload, own_copy: bool = True
+) -> tuple[float, float]:
     """``(resident, active)`` bytes per GPU of the call's devices.
 
     Resident stays between calls (training state; frozen weights unless offloaded); active exists
@@ -297,15 +344,17 @@ def _norm_key(alloc: CallAllocation) -> CallAllocation:
     return CallAllocation(alloc.devices, alloc.pp, alloc.dp, alloc.tp)  # knobs do not change holdings
 
 
-def realloc_seconds(spec: ModelSpec, src: CallAllocation, src_kind: str, dst: CallAllocation, dst_kind: str,
-                    hw: Hardware) -> float:
+def realloc_seconds(
+    spec: ModelSpec, src: CallAllocation, src_kind: str, dst: CallAllocation, dst_kind: str, hw: Hardware
+) -> float:
     """Seconds to give every GPU of ``dst`` its shard of ``spec`` from the GPUs of ``src``."""
     return _realloc_seconds(spec, _norm_key(src), src_kind == TRAIN, _norm_key(dst), dst_kind == TRAIN, hw)
 
 
 @lru_cache(maxsize=100_000)
-def _realloc_seconds(spec: ModelSpec, src: CallAllocation, src_train: bool, dst: CallAllocation, dst_train: bool,
-                     hw: Hardware) -> float:
+def _realloc_seconds(
+    spec: ModelSpec, src: CallAllocation, src_train: bool, dst: CallAllocation, dst_train: bool, hw: Hardware
+) -> float:
     if src == dst and src_train == dst_train:
         return 0.0
     col, row = _class_bytes(spec)
@@ -392,8 +441,9 @@ def estimate_plan(plan: ExecutionPlan, workload: Workload, hw: Hardware) -> Plan
     if (plan.num_nodes, plan.gpus_per_node) != (hw.num_nodes, hw.gpus_per_node):
         from reallocation.execution_plan import PlanError
 
-        raise PlanError(f"plan is for {plan.num_nodes}x{plan.gpus_per_node} GPUs, hardware has "
-                        f"{hw.num_nodes}x{hw.gpus_per_node}")
+        raise PlanError(
+            f"plan is for {plan.num_nodes}x{plan.gpus_per_node} GPUs, hardware has {hw.num_nodes}x{hw.gpus_per_node}"
+        )
     plan.validate(workload.specs())
     return evaluator(workload, hw).estimate(tuple((c, plan.calls[c]) for c in workload.calls))
 
@@ -431,8 +481,18 @@ class Evaluator:
         g = self.hw.gpus_per_node
         nodes = {d // g for d in a.devices}
         dp_nodes = {d // g for d in a.devices[: a.dp * a.tp]}
-        return (call, a.pp, a.dp, a.tp, a.num_microbatches, a.activation_checkpointing, a.offload, len(a.devices),
-                len(nodes) == 1, len(dp_nodes) == 1)
+        return (
+            call,
+            a.pp,
+            a.dp,
+            a.tp,
+            a.num_microbatches,
+            a.activation_checkpointing,
+            a.offload,
+            len(a.devices),
+            len(nodes) == 1,
+            len(dp_nodes) == 1,
+        )
 
     def facts(self, call: str, a: CallAllocation) -> tuple[float, float, float, float]:
         """``(seconds, resident, active, own-copy bytes)`` of ``call`` under ``a``."""
@@ -472,8 +532,10 @@ class Evaluator:
                 out = (0.0, 0.0)
             else:
                 spec, kind = self.w.spec(call), CALL_KIND[call]
-                out = (realloc_seconds(spec, train, TRAIN, a, kind, self.hw),
-                       realloc_seconds(spec, a, kind, train, TRAIN, self.hw))
+                out = (
+                    realloc_seconds(spec, train, TRAIN, a, kind, self.hw),
+                    realloc_seconds(spec, a, kind, train, TRAIN, self.hw),
+                )
             self._moves[key] = out
         return out
 
@@ -519,13 +581,22 @@ class Evaluator:
         worst = float(np.nanmax(peak))
         overflow = max(0.0, worst - self.hw.gpu_memory_bytes)
         realloc = sum(sum(self.moves(c, allocs[c], allocs[t])) for c, t in TRAINED_BY.items())
-        return PlanCost(self.period(calls), {c: self.facts(c, a)[0] for c, a in calls},
-                        {int(d): float(peak[d]) for d in np.flatnonzero(~np.isnan(peak))}, overflow == 0.0,
-                        realloc, overflow)
+        return PlanCost(
+            self.period(calls),
+            {c: self.facts(c, a)[0] for c, a in calls},
+            {int(d): float(peak[d]) for d in np.flatnonzero(~np.isnan(peak))},
+            overflow == 0.0,
+            realloc,
+            overflow,
+        )
 
 
-def _schedule(allocs: Mapping[str, CallAllocation], seconds: Mapping[str, float],
-              moves: Mapping[str, tuple[float, float]], atoms: Mapping[str, list[int]]) -> float:
+def _schedule(
+    allocs: Mapping[str, CallAllocation],
+    seconds: Mapping[str, float],
+    moves: Mapping[str, tuple[float, float]],
+    atoms: Mapping[str, list[int]],
+) -> float:
     """List scheduling of ``NUM_SIMULATED_ITERATIONS`` iterations over GPU groups (``atoms``);
     returns the steady-state period."""
     free = [0.0] * (1 + max(max(a) for a in atoms.values()))

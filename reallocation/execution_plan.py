@@ -42,13 +42,21 @@ from reallocation.layout import Layout, ModelSpec
 
 CALLS = ("actor_gen", "rew_inf", "ref_inf", "critic_inf", "actor_train", "critic_train")
 CALL_MODEL = {
-    "actor_gen": "actor", "rew_inf": "reward", "ref_inf": "ref",
-    "critic_inf": "critic", "actor_train": "actor", "critic_train": "critic",
+    "actor_gen": "actor",
+    "rew_inf": "reward",
+    "ref_inf": "ref",
+    "critic_inf": "critic",
+    "actor_train": "actor",
+    "critic_train": "critic",
 }
 TRAIN, INFERENCE, GENERATE = "train", "inference", "generate"
 CALL_KIND = {
-    "actor_gen": GENERATE, "rew_inf": INFERENCE, "ref_inf": INFERENCE,
-    "critic_inf": INFERENCE, "actor_train": TRAIN, "critic_train": TRAIN,
+    "actor_gen": GENERATE,
+    "rew_inf": INFERENCE,
+    "ref_inf": INFERENCE,
+    "critic_inf": INFERENCE,
+    "actor_train": TRAIN,
+    "critic_train": TRAIN,
 }
 OFFLOADABLE = ("rew_inf", "ref_inf")  # frozen models: nothing to keep resident between calls
 VLLM_VOCAB_PAD = 64  # vLLM pads the vocabulary to a multiple of 64 before splitting it over TP
@@ -160,18 +168,24 @@ class ExecutionPlan:
             raise PlanError(f"{at}.devices is empty")
         for d in devices:
             if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < self.num_gpus:
-                raise PlanError(f"{at}.devices has {d!r}, outside 0..{self.num_gpus - 1} "
-                                f"({self.num_nodes} nodes x {self.gpus_per_node} GPUs)")
+                raise PlanError(
+                    f"{at}.devices has {d!r}, outside 0..{self.num_gpus - 1} "
+                    f"({self.num_nodes} nodes x {self.gpus_per_node} GPUs)"
+                )
         if len(set(devices)) != len(devices):
             raise PlanError(f"{at}.devices={list(devices)} lists a device twice")
         if len(devices) != alloc.pp * alloc.dp * alloc.tp:
-            raise PlanError(f"{at}.devices has {len(devices)} GPUs but pp*dp*tp = "
-                            f"{alloc.pp}*{alloc.dp}*{alloc.tp} = {alloc.pp * alloc.dp * alloc.tp}")
+            raise PlanError(
+                f"{at}.devices has {len(devices)} GPUs but pp*dp*tp = "
+                f"{alloc.pp}*{alloc.dp}*{alloc.tp} = {alloc.pp * alloc.dp * alloc.tp}"
+            )
         if spec.num_heads % alloc.tp:
             raise PlanError(f"{at}.tp={alloc.tp} does not divide num_attention_heads={spec.num_heads}")
         if spec.num_kv_heads % alloc.tp and alloc.tp % spec.num_kv_heads:
-            raise PlanError(f"{at}.tp={alloc.tp} and num_key_value_heads={spec.num_kv_heads}: "
-                            "one must divide the other (vLLM's rule)")
+            raise PlanError(
+                f"{at}.tp={alloc.tp} and num_key_value_heads={spec.num_kv_heads}: "
+                "one must divide the other (vLLM's rule)"
+            )
         if spec.num_layers % alloc.pp:
             raise PlanError(f"{at}.pp={alloc.pp} does not divide num_hidden_layers={spec.num_layers}")
         if CALL_KIND[name] == GENERATE:

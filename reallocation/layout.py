@@ -275,7 +275,9 @@ class Layout:
     def __str__(self) -> str:
         if self.name:
             return self.name
-        parts = [f"{k}{v}" for k, v in (("pp", self.pp), ("tp", self.tp), ("dp", self.dp), ("fsdp", self.fsdp)) if v > 1]
+        parts = [
+            f"{k}{v}" for k, v in (("pp", self.pp), ("tp", self.tp), ("dp", self.dp), ("fsdp", self.fsdp)) if v > 1
+        ]
         return "".join(parts) or "single"
 
     def coords(self, index: int) -> tuple[int, int, int, int]:

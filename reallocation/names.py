@@ -53,7 +53,9 @@ _VOCAB = {"model.embed_tokens.weight", "lm_head.weight"}
 
 def vllm_layout(tp: int, dp: int = 1, ranks: tuple[int, ...] | None = None) -> Layout:
     """The layout of ``dp`` vLLM engines with tensor parallel size ``tp`` (vocab split like vLLM)."""
-    return Layout(dp=dp, tp=tp, ranks=ranks, vocab_pad_to=VLLM_VOCAB_PAD_TO, name=f"vllm_tp{tp}" + (f"x{dp}" if dp > 1 else ""))
+    return Layout(
+        dp=dp, tp=tp, ranks=ranks, vocab_pad_to=VLLM_VOCAB_PAD_TO, name=f"vllm_tp{tp}" + (f"x{dp}" if dp > 1 else "")
+    )
 
 
 def hf_to_vllm_name(hf_name: str) -> tuple[str, int | None]:
@@ -72,7 +74,9 @@ def hf_to_vllm_name(hf_name: str) -> tuple[str, int | None]:
 def vllm_local_shapes(model: ModelSpec, tp: int = 1) -> dict[str, Shape]:
     """vLLM parameter name -> shape on one TP rank (tied LM head omitted, as vLLM aliases it)."""
     if model.num_heads % tp or model.intermediate_size % tp:
-        raise ValueError(f"tp={tp} must divide num_heads={model.num_heads} and intermediate_size={model.intermediate_size}")
+        raise ValueError(
+            f"tp={tp} must divide num_heads={model.num_heads} and intermediate_size={model.intermediate_size}"
+        )
     if model.num_kv_heads >= tp and model.num_kv_heads % tp or model.num_kv_heads < tp and tp % model.num_kv_heads:
         raise ValueError(f"tp={tp} and num_kv_heads={model.num_kv_heads} must divide one another")
     padded_vocab = -(-model.vocab_size // VLLM_VOCAB_PAD_TO) * VLLM_VOCAB_PAD_TO

@@ -54,22 +54,30 @@ def apply_tp(model: nn.Module, tp_mesh: Any) -> nn.Module:
     config: Any = model.config
     num_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     if config.num_attention_heads % tp or num_kv % tp:
-        raise ValueError(f"tp={tp} must divide num_attention_heads={config.num_attention_heads} and num_key_value_heads={num_kv}")
+        raise ValueError(
+            f"tp={tp} must divide num_attention_heads={config.num_attention_heads} and num_key_value_heads={num_kv}"
+        )
     base = _base(model)
     for layer in base.layers:
-        parallelize_module(layer, tp_mesh, {
-            "self_attn.q_proj": ColwiseParallel(),
-            "self_attn.k_proj": ColwiseParallel(),
-            "self_attn.v_proj": ColwiseParallel(),
-            "self_attn.o_proj": RowwiseParallel(),
-            "mlp.gate_proj": ColwiseParallel(),
-            "mlp.up_proj": ColwiseParallel(),
-            "mlp.down_proj": RowwiseParallel(),
-        })
+        parallelize_module(
+            layer,
+            tp_mesh,
+            {
+                "self_attn.q_proj": ColwiseParallel(),
+                "self_attn.k_proj": ColwiseParallel(),
+                "self_attn.v_proj": ColwiseParallel(),
+                "self_attn.o_proj": RowwiseParallel(),
+                "mlp.gate_proj": ColwiseParallel(),
+                "mlp.up_proj": ColwiseParallel(),
+                "mlp.down_proj": RowwiseParallel(),
+            },
+        )
     head: Any = getattr(model, "lm_head", None)
     tied = head is not None and head.weight is base.embed_tokens.weight
     # RowwiseParallel on an Embedding shards the vocabulary (dim 0) and all-reduces the output.
-    parallelize_module(base.embed_tokens, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+    parallelize_module(
+        base.embed_tokens, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
+    )
     if head is not None:
         parallelize_module(head, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
         if tied:
@@ -115,4 +123,3 @@ def parallelize(model: nn.Module, mesh: Any, **fsdp_kwargs) -> nn.Module:
     if mesh["tp"].size() > 1:
         apply_tp(model, mesh["tp"])
     return apply_fsdp(model, mesh["dp"], **fsdp_kwargs)
-

@@ -198,11 +198,15 @@ def lower_bound_elements(src: Holdings, dst: Holdings) -> int:
     return total
 
 
-def lower_bound_bytes(src: Holdings, dst: Holdings, shapes: Mapping[str, Shape], itemsize: int | Mapping[str, int]) -> int:
+def lower_bound_bytes(
+    src: Holdings, dst: Holdings, shapes: Mapping[str, Shape], itemsize: int | Mapping[str, int]
+) -> int:
     return sum(lower_bound_elements(src, {n: dst[n]}) * _itemsize(itemsize, n) for n in dst)
 
 
-def gather_broadcast_bytes(src: Holdings, dst: Holdings, shapes: Mapping[str, Shape], itemsize: int | Mapping[str, int], root: int = 0) -> int:
+def gather_broadcast_bytes(
+    src: Holdings, dst: Holdings, shapes: Mapping[str, Shape], itemsize: int | Mapping[str, int], root: int = 0
+) -> int:
     """Bytes of the baseline: gather every parameter in full on ``root``, broadcast it to every
     other destination rank (each then keeps its slice)."""
     dst_ranks = {r for per in dst.values() for r in per} - {root}

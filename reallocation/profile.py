@@ -51,7 +51,10 @@ def _shape_key(spec: ModelSpec) -> str:
 
 def _layer_flops_per_token(spec: ModelSpec) -> float:
     hd = spec.head_dim
-    params = spec.hidden_size * hd * (2 * spec.num_heads + 2 * spec.num_kv_heads) + 3 * spec.hidden_size * spec.intermediate_size
+    params = (
+        spec.hidden_size * hd * (2 * spec.num_heads + 2 * spec.num_kv_heads)
+        + 3 * spec.hidden_size * spec.intermediate_size
+    )
     return 2.0 * params
 
 
@@ -83,7 +86,9 @@ class Profile:
         for i, row in enumerate(data["entries"]):
             missing = {"op", "shape", "tp", "tokens", "context", "seconds"} - set(row)
             if missing or row["op"] not in OPS:
-                raise ValueError(f"{path}: entries[{i}] has missing keys {sorted(missing)} or unknown op {row.get('op')!r}")
+                raise ValueError(
+                    f"{path}: entries[{i}] has missing keys {sorted(missing)} or unknown op {row.get('op')!r}"
+                )
         return cls(data["device"], data["entries"], data["shapes"])
 
     def seconds(self, op: str, spec: ModelSpec, *, tokens: float, context: float = 0.0, tp: int = 1) -> float:
@@ -155,7 +160,11 @@ def _layer_module(spec: ModelSpec, tp: int, dtype: Any, device: str):
     class Block(nn.Module):
         def __init__(self) -> None:
             super().__init__()
-            self.q, self.k, self.v = nn.Linear(hidden, heads * hd), nn.Linear(hidden, kv * hd), nn.Linear(hidden, kv * hd)
+            self.q, self.k, self.v = (
+                nn.Linear(hidden, heads * hd),
+                nn.Linear(hidden, kv * hd),
+                nn.Linear(hidden, kv * hd),
+            )
             self.o = nn.Linear(heads * hd, hidden, bias=False)
             self.gate, self.up = nn.Linear(hidden, inter, bias=False), nn.Linear(hidden, inter, bias=False)
             self.down = nn.Linear(inter, hidden, bias=False)
@@ -194,17 +203,25 @@ def _timed(fn: Callable[[], Any], device: str, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def measure(specs: dict[str, ModelSpec], *, device: str, grid: dict, dtype: str = "auto",
-            progress: bool = True) -> Profile:
+def measure(
+    specs: dict[str, ModelSpec], *, device: str, grid: dict, dtype: str = "auto", progress: bool = True
+) -> Profile:
     """Measure every op of ``OPS`` for each spec over ``grid`` on ``device``."""
     import torch
 
-    torch_dtype = {"auto": torch.bfloat16 if device == "cuda" else torch.float32,
-                   "float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    torch_dtype = {
+        "auto": torch.bfloat16 if device == "cuda" else torch.float32,
+        "float32": torch.float32,
+        "bfloat16": torch.bfloat16,
+    }[dtype]
     name = torch.cuda.get_device_name() if device == "cuda" else f"cpu x{torch.get_num_threads()} threads"
     profile = Profile(f"{name} ({str(torch_dtype).removeprefix('torch.')})")
-    jobs = [(n, s, tp) for n, s in specs.items() for tp in grid["tps"]
-            if s.num_heads % tp == 0 and (s.num_kv_heads % tp == 0 or tp % s.num_kv_heads == 0)]
+    jobs = [
+        (n, s, tp)
+        for n, s in specs.items()
+        for tp in grid["tps"]
+        if s.num_heads % tp == 0 and (s.num_kv_heads % tp == 0 or tp % s.num_kv_heads == 0)
+    ]
     from tqdm import tqdm
 
     for _, spec, tp in tqdm(jobs, desc="profile", unit="shape", disable=not progress):
@@ -234,7 +251,10 @@ def _measure_shape(spec: ModelSpec, tp: int, device: str, dtype: Any, grid: dict
             row("train", b * s, s, _timed(lambda xg=xg: layer(xg).sum().backward(), device))
             row("head_train", b * s, s, _timed(lambda xg=xg: head(xg).float().logsumexp(-1).sum().backward(), device))
         for c in grid["contexts"]:
-            past = (torch.randn(b, kv, c, hd, device=device, dtype=dtype), torch.randn(b, kv, c, hd, device=device, dtype=dtype))
+            past = (
+                torch.randn(b, kv, c, hd, device=device, dtype=dtype),
+                torch.randn(b, kv, c, hd, device=device, dtype=dtype),
+            )
             x = torch.randn(b, 1, spec.hidden_size, device=device, dtype=dtype)
             with torch.no_grad():
                 row("decode", b, c, _timed(lambda x=x, past=past: layer(x, past), device))
@@ -255,10 +275,16 @@ def _hf_model(spec: ModelSpec):
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(vocab_size=spec.vocab_size, hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-                         num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
-                         num_key_value_heads=spec.num_kv_heads, head_dim=spec.head_dim,
-                         tie_word_embeddings=spec.tie_word_embeddings)
+    config = LlamaConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        tie_word_embeddings=spec.tie_word_embeddings,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
 
@@ -281,6 +307,7 @@ def _call_on_rank(rank: int, world: int, spec: ModelSpec, call: str, batch: int,
             opt.step()
             opt.zero_grad()
     else:
+
         def step() -> None:
             with torch.no_grad():
                 model(input_ids=ids)
@@ -340,6 +367,7 @@ def predicted_seconds(profile: Profile, spec: ModelSpec, call: str, ranks: int, 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
     """Spearman rank correlation (average ranks for ties)."""
+
     def ranks(v: list[float]) -> list[float]:
         order = sorted(range(len(v)), key=lambda i: v[i])
         out = [0.0] * len(v)
@@ -360,8 +388,9 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / spread if spread else math.nan  # undefined when either side is constant
 
 
-def check(profile: Profile, *, workloads=CHECK_WORKLOADS, ranks=CHECK_RANKS, calls=CHECK_CALLS,
-          progress: bool = True) -> dict[str, Any]:
+def check(
+    profile: Profile, *, workloads=CHECK_WORKLOADS, ranks=CHECK_RANKS, calls=CHECK_CALLS, progress: bool = True
+) -> dict[str, Any]:
     """Predicted vs measured seconds per (model, call, ranks); Spearman and median relative error."""
     from tqdm import tqdm
 
@@ -371,11 +400,23 @@ def check(profile: Profile, *, workloads=CHECK_WORKLOADS, ranks=CHECK_RANKS, cal
         spec = named_spec(model)
         measured = max(run_ranks(_call_on_rank, world, spec, call, batch, seq))
         predicted = predicted_seconds(profile, spec, call, world, batch, seq)
-        rows.append({"model": model, "call": call, "ranks": world, "batch": batch, "seq": seq,
-                     "measured_s": measured, "predicted_s": predicted})
+        rows.append(
+            {
+                "model": model,
+                "call": call,
+                "ranks": world,
+                "batch": batch,
+                "seq": seq,
+                "measured_s": measured,
+                "predicted_s": predicted,
+            }
+        )
     errors = [abs(r["predicted_s"] - r["measured_s"]) / r["measured_s"] for r in rows]
-    return {"rows": rows, "spearman": spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]),
-            "median_relative_error": statistics.median(errors)}
+    return {
+        "rows": rows,
+        "spearman": spearman([r["predicted_s"] for r in rows], [r["measured_s"] for r in rows]),
+        "median_relative_error": statistics.median(errors),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -397,10 +438,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         result = check(profile)
         for r in result["rows"]:
-            print(f"  {r['model']:<13} {r['call']:<12} {r['ranks']} ranks  measured {r['measured_s']:8.3f} s"
-                  f"  predicted {r['predicted_s']:8.3f} s")
-        print(f"spearman {result['spearman']:.2f}, median relative error {result['median_relative_error']:.0%} "
-              f"over {len(result['rows'])} (call, layout) pairs")
+            print(
+                f"  {r['model']:<13} {r['call']:<12} {r['ranks']} ranks  measured {r['measured_s']:8.3f} s"
+                f"  predicted {r['predicted_s']:8.3f} s"
+            )
+        print(
+            f"spearman {result['spearman']:.2f}, median relative error {result['median_relative_error']:.0%} "
+            f"over {len(result['rows'])} (call, layout) pairs"
+        )
     return 0
 
 

@@ -16,6 +16,7 @@ both counts, instead of pending), one device-worker actor per bundle, and option
 actor (the vLLM engine) in the same bundle, on the same device. Every actor checks from inside
 itself that it sits on the node and device the plan names.
 """
+
 from __future__ import annotations
 
 import os
@@ -115,8 +116,10 @@ class _Host:
     def check_placement(self, node_id: str, gpu_ids: tuple[int, ...]) -> None:
         here = self.where()
         if (here[0], tuple(here[1])) != (node_id, tuple(gpu_ids)):
-            raise PlacementError(f"actor pid {here[2]} sits on node {here[0]} GPUs {list(here[1])}, "
-                                 f"its plan device is on node {node_id} GPUs {list(gpu_ids)}")
+            raise PlacementError(
+                f"actor pid {here[2]} sits on node {here[0]} GPUs {list(here[1])}, "
+                f"its plan device is on node {node_id} GPUs {list(gpu_ids)}"
+            )
 
 
 class RayCluster:
@@ -173,7 +176,9 @@ class RayCluster:
             rank_kwargs = dict(kwargs)
             if distributed:
                 rank_kwargs.update(rank=rank, world_size=num_ranks, master_addr=self.host, master_port=port)
-            actors.append(remote.options(name=f"{name or cls.__name__}-{rank}-{port}").remote(cls, rank_kwargs, env, num_threads))
+            actors.append(
+                remote.options(name=f"{name or cls.__name__}-{rank}-{port}").remote(cls, rank_kwargs, env, num_threads)
+            )
         return WorkerGroup(actors, name or cls.__name__)
 
     def device_resource(self) -> tuple[str, int]:
@@ -203,22 +208,30 @@ class RayCluster:
         devices = sorted(devices)
         resource, available = self.device_resource()
         if len(devices) > available:
-            raise PlacementError(f"the execution plan needs {len(devices)} devices, the cluster has {available} "
-                                 f"(Ray resource {resource!r})")
+            raise PlacementError(
+                f"the execution plan needs {len(devices)} devices, the cluster has {available} "
+                f"(Ray resource {resource!r})"
+            )
         pg = placement_group([{resource: 1.0}] * len(devices), strategy="PACK")
         ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
         if not ready:
             remove_placement_group(pg)
-            raise PlacementError(f"placement group of {len(devices)} devices still pending after {timeout_s:.0f} s "
-                                 f"(cluster resources: {ray.cluster_resources()})")
+            raise PlacementError(
+                f"placement group of {len(devices)} devices still pending after {timeout_s:.0f} s "
+                f"(cluster resources: {ray.cluster_resources()})"
+            )
         bundle_nodes = placement_group_table(pg)["bundles_to_node_id"]
         env = _actor_env(self.host)
         # Half a device each: the device worker and, on generation devices, its vLLM engine.
         share = {"num_gpus": 0.5} if resource == "GPU" else {"resources": {resource: 0.5}}
         remote = ray.remote(num_cpus=0, **share)(_Host)
         hosts: list[Any] = [
-            remote.options(name=f"device-bundle{i}-{os.getpid()}", scheduling_strategy=PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=i)).remote(None, {}, env, num_threads)
+            remote.options(
+                name=f"device-bundle{i}-{os.getpid()}",
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement_group=pg, placement_group_bundle_index=i
+                ),
+            ).remote(None, {}, env, num_threads)
             for i in range(len(devices))
         ]
         where = ray.get([h.where.remote() for h in hosts])
@@ -226,8 +239,17 @@ class RayCluster:
         by_device = {d: hosts[i] for d, i in assignment.items()}
         expected = {d: where[i][:2] for d, i in assignment.items()}
         ray.get([by_device[d].check_placement.remote(*expected[d]) for d in devices])
-        return DevicePool(pg, by_device, expected, {i: bundle_nodes.get(i) for i in range(len(devices))},
-                          {d: i for d, i in assignment.items()}, remote, env, num_threads, self.host)
+        return DevicePool(
+            pg,
+            by_device,
+            expected,
+            {i: bundle_nodes.get(i) for i in range(len(devices))},
+            {d: i for d, i in assignment.items()},
+            remote,
+            env,
+            num_threads,
+            self.host,
+        )
 
     def shutdown(self) -> None:
         ray.shutdown()
@@ -252,8 +274,12 @@ class SimulatedCluster:
         # Ray's memory monitor kills workers when the *machine* is nearly full, whoever fills it; on
         # a shared test machine that is usually someone else.
         os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
-        node = {"num_cpus": self.num_cpus, "num_gpus": self.gpus_per_node, "node_ip_address": "127.0.0.1",
-                "include_dashboard": False}
+        node = {
+            "num_cpus": self.num_cpus,
+            "num_gpus": self.gpus_per_node,
+            "node_ip_address": "127.0.0.1",
+            "include_dashboard": False,
+        }
         self.cluster = Cluster(initialize_head=True, head_node_args=node)
         for _ in range(self.num_nodes - 1):
             self.cluster.add_node(**{k: v for k, v in node.items() if k != "include_dashboard"})
@@ -304,9 +330,18 @@ def assign_devices(
 class DevicePool:
     """The actors of one placement group: a host per plan device, plus companions in the same bundles."""
 
-    def __init__(self, pg, hosts: dict[int, Any], locations: dict[int, tuple[str, tuple[int, ...]]],
-                 bundle_nodes: dict[int, str], bundles: dict[int, int], remote, env: dict[str, str],
-                 num_threads: int, host: str):
+    def __init__(
+        self,
+        pg,
+        hosts: dict[int, Any],
+        locations: dict[int, tuple[str, tuple[int, ...]]],
+        bundle_nodes: dict[int, str],
+        bundles: dict[int, int],
+        remote,
+        env: dict[str, str],
+        num_threads: int,
+        host: str,
+    ):
         self.pg, self.hosts, self.locations = pg, hosts, locations
         self._bundle_nodes, self._bundles, self._remote = bundle_nodes, bundles, remote
         self._env, self._num_threads, self.master_addr = env, num_threads, host
@@ -330,11 +365,12 @@ class DevicePool:
 
         actors = {}
         for device in devices:
-            strategy = PlacementGroupSchedulingStrategy(placement_group=self.pg,
-                                                        placement_group_bundle_index=self._bundles[device])
-            actors[device] = self._remote.options(name=f"{name}-device{device}-{os.getpid()}",
-                                                  scheduling_strategy=strategy).remote(cls, kwargs, self._env,
-                                                                                       self._num_threads)
+            strategy = PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=self._bundles[device]
+            )
+            actors[device] = self._remote.options(
+                name=f"{name}-device{device}-{os.getpid()}", scheduling_strategy=strategy
+            ).remote(cls, kwargs, self._env, self._num_threads)
         ray.get([actors[d].check_placement.remote(*self.locations[d]) for d in devices])
         self.companions.update({(name, d): actor for d, actor in actors.items()})
 
@@ -357,7 +393,9 @@ class DevicePool:
     def where(self) -> dict[int, dict[str, Any]]:
         """Per device, what its host actor reports from inside: node id, GPU ids, pid."""
         found = ray.get([self.hosts[d].where.remote() for d in self.devices])
-        return {d: {"node_id": node, "gpu_ids": list(gpus), "pid": pid} for d, (node, gpus, pid) in zip(self.devices, found)}
+        return {
+            d: {"node_id": node, "gpu_ids": list(gpus), "pid": pid} for d, (node, gpus, pid) in zip(self.devices, found)
+        }
 
     def shutdown(self) -> None:
         from ray.util.placement_group import remove_placement_group

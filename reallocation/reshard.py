@@ -73,7 +73,9 @@ def _copy_local(plan: Plan, src_shards, dst_shards, rank: int, stats: ReshardSta
         stats.bytes_copied_locally += box_numel(t.box) * _dtype(dtype, t.name).itemsize
 
 
-def allocate_destination(plan: Plan, rank: int, dtype: DTypes, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+def allocate_destination(
+    plan: Plan, rank: int, dtype: DTypes, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
     """Empty destination shards of ``rank`` (every element is written by the plan)."""
     return {
         name: torch.empty(box_shape(per_rank[rank]), dtype=_dtype(dtype, name), device=device)
@@ -112,7 +114,9 @@ class _Op:
     staged_at: int | None  # byte offset in the staging buffer, None = zero-copy
 
 
-def _round_ops(round_msgs: list[Message], plan: Plan, rank: int, src_shards, dst_shards, dtype: DTypes) -> tuple[list[_Op], int]:
+def _round_ops(
+    round_msgs: list[Message], plan: Plan, rank: int, src_shards, dst_shards, dtype: DTypes
+) -> tuple[list[_Op], int]:
     """This rank's ops for one round, in the order both ends post them, and staging bytes."""
     ops: list[_Op] = []
     tags: dict[tuple[int, int], int] = {}
@@ -127,7 +131,9 @@ def _round_ops(round_msgs: list[Message], plan: Plan, rank: int, src_shards, dst
         local = shards[msg.name][local_slices(msg.box, holdings[msg.name][rank])]
         wire = _dtype(dtype, msg.name)
         direct = local.is_contiguous() and local.dtype == wire
-        ops.append(_Op(send, msg.dst if send else msg.src, tag, local, wire, box_shape(msg.box), None if direct else staged))
+        ops.append(
+            _Op(send, msg.dst if send else msg.src, tag, local, wire, box_shape(msg.box), None if direct else staged)
+        )
         if not direct:
             staged += aligned(box_numel(msg.box) * wire.itemsize)
     return ops, staged
@@ -190,7 +196,10 @@ def iter_reshard(
         t0 = time.perf_counter()
         _copy_local(sub, src_shards, dst_shards, rank, stats, dtype)
         stats.add_time("local_s", time.perf_counter() - t0)
-        rounds = [_round_ops(msgs, sub, rank, src_shards, dst_shards, dtype) for msgs in schedule(sub, itemsizes, bucket_bytes)]
+        rounds = [
+            _round_ops(msgs, sub, rank, src_shards, dst_shards, dtype)
+            for msgs in schedule(sub, itemsizes, bucket_bytes)
+        ]
         stats.num_rounds += len(rounds)
         # One staging buffer for the whole schedule, reused by every round.
         size = max((staged for _, staged in rounds), default=0)
@@ -237,7 +246,9 @@ def _run_round(ops: list[_Op], buf: torch.Tensor | None, group, stats: ReshardSt
     stats.num_messages += len(p2p)
 
 
-def reshard(plan: Plan, src_shards: Mapping[str, torch.Tensor], **kwargs) -> tuple[dict[str, torch.Tensor], ReshardStats]:
+def reshard(
+    plan: Plan, src_shards: Mapping[str, torch.Tensor], **kwargs
+) -> tuple[dict[str, torch.Tensor], ReshardStats]:
     """Run the whole plan; return this rank's destination shards and its stats.
 
     Same arguments as ``iter_reshard`` (without ``group_bytes``).
@@ -276,7 +287,9 @@ def reshard_in_process(
         for msg in msgs:
             src = shards_by_rank[msg.src][msg.name][local_slices(msg.box, plan.src[msg.name][msg.src])]
             wire = src.to(_dtype(dtype, msg.name)).contiguous().view(-1)  # what goes over the network
-            out[msg.dst][msg.name][local_slices(msg.box, plan.dst[msg.name][msg.dst])].copy_(wire.view(box_shape(msg.box)))
+            out[msg.dst][msg.name][local_slices(msg.box, plan.dst[msg.name][msg.dst])].copy_(
+                wire.view(box_shape(msg.box))
+            )
             nbytes = wire.numel() * wire.element_size()
             stats[msg.src].bytes_sent += nbytes
             stats[msg.dst].bytes_received += nbytes
@@ -330,8 +343,17 @@ def reshard_gather_broadcast(
         gather_dst = {n: {root: full_box(plan.shapes[n])} for n in names}
         gather = make_plan({n: plan.src[n] for n in names}, gather_dst, plan.shapes)
         gather_stats = ReshardStats()
-        for _ in iter_reshard(gather, src_shards, dtype=dtype, bucket_bytes=bucket_bytes, group=group,
-                              rank=rank, device=device, out=full if rank == root else None, stats=gather_stats):
+        for _ in iter_reshard(
+            gather,
+            src_shards,
+            dtype=dtype,
+            bucket_bytes=bucket_bytes,
+            group=group,
+            rank=rank,
+            device=device,
+            out=full if rank == root else None,
+            stats=gather_stats,
+        ):
             pass
         # ... then broadcast the whole bucket.
         if in_broadcast:

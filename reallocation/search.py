@@ -38,8 +38,7 @@ from reallocation.estimator import Hardware, PlanCost, Workload, estimate_plan, 
 from reallocation.execution_plan import CallAllocation, ExecutionPlan
 from reallocation.shapes import named_spec
 
-__all__ = ["NoFitError", "SearchReport", "Workload", "estimate_plan", "hardware", "named_spec", "search",
-           "search_plan"]
+__all__ = ["NoFitError", "SearchReport", "Workload", "estimate_plan", "hardware", "named_spec", "search", "search_plan"]
 
 
 class NoFitError(ValueError):
@@ -64,11 +63,20 @@ class SearchReport:
 def _penalized(cost: PlanCost, hw: Hardware) -> float:
     """Overflowing plans cost more the more they overflow (for the chain's moves only)."""
     return cost.seconds_per_iteration * (1 + 4 * cost.overflow_bytes / hw.gpu_memory_bytes) + (
-        1e3 if not cost.fits else 0.0)
+        1e3 if not cost.fits else 0.0
+    )
 
 
-def search(workload: Workload, hw: Hardware, *, seconds_budget: float, seed: int = 0, beta: float = 30.0,
-           progress: bool = False, clock: Callable[[], float] = time.perf_counter) -> SearchReport:
+def search(
+    workload: Workload,
+    hw: Hardware,
+    *,
+    seconds_budget: float,
+    seed: int = 0,
+    beta: float = 30.0,
+    progress: bool = False,
+    clock: Callable[[], float] = time.perf_counter,
+) -> SearchReport:
     """Search for ``seconds_budget`` seconds of ``clock`` (candidates and baselines included).
 
     ``clock=time.process_time`` budgets this process's CPU time instead of wall time, so that
@@ -83,9 +91,11 @@ def search(workload: Workload, hw: Hardware, *, seconds_budget: float, seed: int
     empty = [c for c, o in options.items() if not o]
     if empty:
         smallest = min((b[1].overflow_bytes for b in base.values() if b[1] is not None), default=math.inf)
-        raise NoFitError(f"no allocation of {empty} fits on any mesh of {hw.num_nodes}x{hw.gpus_per_node} "
-                         f"{hw.name} GPUs even alone; smallest baseline overflow {smallest / 2**30:.1f} GiB",
-                         smallest)
+        raise NoFitError(
+            f"no allocation of {empty} fits on any mesh of {hw.num_nodes}x{hw.gpus_per_node} "
+            f"{hw.name} GPUs even alone; smallest baseline overflow {smallest / 2**30:.1f} GiB",
+            smallest,
+        )
     fitting = sorted((cost.seconds_per_iteration, name) for name, (_, cost) in base.items() if cost and cost.fits)
     # Descend from every fitting baseline, best first (the best one alone already guarantees the
     # result is no worse than any baseline); then walk and descend from the best plan found.
@@ -103,7 +113,9 @@ def search(workload: Workload, hw: Hardware, *, seconds_budget: float, seed: int
             current = starts.pop(0)
             current_cost = state.evaluate(current)
         current, current_cost = _descend(state, current, options, deadline)
-        if current_cost.fits and (best[0] is None or current_cost.seconds_per_iteration < best[0].seconds_per_iteration):
+        if current_cost.fits and (
+            best[0] is None or current_cost.seconds_per_iteration < best[0].seconds_per_iteration
+        ):
             best = (current_cost, dict(current))
         if starts:
             continue
@@ -127,15 +139,20 @@ def search(workload: Workload, hw: Hardware, *, seconds_budget: float, seed: int
         bar(clock() - t0, best[0])
     bar(None, best[0])
     if best[0] is None:
-        raise NoFitError(f"no execution plan fits in {hw.gpu_memory_bytes / 2**30:.0f} GiB per GPU; the smallest "
-                         f"overflow found is {smallest_overflow / 2**30:.2f} GiB", smallest_overflow)
+        raise NoFitError(
+            f"no execution plan fits in {hw.gpu_memory_bytes / 2**30:.0f} GiB per GPU; the smallest "
+            f"overflow found is {smallest_overflow / 2**30:.2f} GiB",
+            smallest_overflow,
+        )
     plan = ExecutionPlan(hw.num_nodes, hw.gpus_per_node, {c: best[1][c] for c in names}, source="search")
-    return SearchReport(plan, best[0], base, time.perf_counter() - wall0, state.num_evaluations, start_name,
-                        time.process_time() - cpu0)
+    return SearchReport(
+        plan, best[0], base, time.perf_counter() - wall0, state.num_evaluations, start_name, time.process_time() - cpu0
+    )
 
 
-def _descend(state: _State, current: dict[str, CallAllocation], options: dict[str, list[CallAllocation]],
-             deadline: float) -> tuple[dict[str, CallAllocation], PlanCost]:
+def _descend(
+    state: _State, current: dict[str, CallAllocation], options: dict[str, list[CallAllocation]], deadline: float
+) -> tuple[dict[str, CallAllocation], PlanCost]:
     """Coordinate descent: re-pick each call's best candidate until no single change helps."""
     current = dict(current)
     cost = state.evaluate(current)
@@ -169,8 +186,9 @@ class _State:
             self.cache[key] = cost
         return cost
 
-    def best_for(self, call: str, current: dict[str, CallAllocation], options: list[CallAllocation],
-                 deadline: float) -> tuple[CallAllocation, PlanCost] | None:
+    def best_for(
+        self, call: str, current: dict[str, CallAllocation], options: list[CallAllocation], deadline: float
+    ) -> tuple[CallAllocation, PlanCost] | None:
         """The fitting plan that changes only ``call`` with the shortest iteration.
 
         Two cheap tests skip most candidates before the full estimate: the call alone, and the
@@ -231,15 +249,21 @@ def _fmt_baseline(cost: PlanCost | None) -> str:
 
 def summary_line(report: SearchReport) -> str:
     b = report.baselines
-    return (f"best {report.cost.seconds_per_iteration:.2f} s/iteration, fits; "
-            f"ReaL-Heuristic {_fmt_baseline(b['real_heuristic'][1])}; symmetric {_fmt_baseline(b['symmetric'][1])}; "
-            f"disjoint {_fmt_baseline(b['disjoint'][1])}; searched in {report.search_seconds:.1f} s")
+    return (
+        f"best {report.cost.seconds_per_iteration:.2f} s/iteration, fits; "
+        f"ReaL-Heuristic {_fmt_baseline(b['real_heuristic'][1])}; symmetric {_fmt_baseline(b['symmetric'][1])}; "
+        f"disjoint {_fmt_baseline(b['disjoint'][1])}; searched in {report.search_seconds:.1f} s"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m reallocation.search", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--actor", required=True, help="named shape (llama-2-7b .. llama-2-70b, "
-                        "qwen2.5-math-1.5b, qwen2.5-math-7b) or an HF model dir with config.json")
+    parser.add_argument(
+        "--actor",
+        required=True,
+        help="named shape (llama-2-7b .. llama-2-70b, "
+        "qwen2.5-math-1.5b, qwen2.5-math-7b) or an HF model dir with config.json",
+    )
     parser.add_argument("--critic", required=True)
     parser.add_argument("--reward", default=None, help="reward model shape; omit for a rule-based reward")
     parser.add_argument("--nodes", type=int, required=True)
@@ -254,8 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="write the plan here (YAML)")
     args = parser.parse_args(argv)
     try:
-        w = Workload(named_spec(args.actor), named_spec(args.critic),
-                     named_spec(args.reward) if args.reward else None, args.batch, args.prompt_len, args.gen_len)
+        w = Workload(
+            named_spec(args.actor),
+            named_spec(args.critic),
+            named_spec(args.reward) if args.reward else None,
+            args.batch,
+            args.prompt_len,
+            args.gen_len,
+        )
         profile = None
         if args.profile:
             from reallocation.profile import Profile
@@ -278,8 +308,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def format_report(report: SearchReport, hw: Hardware) -> str:
-    lines = [f"plan ({report.plan.num_devices} of {hw.num_gpus} GPUs, started from {report.start}, "
-             f"{report.num_evaluations} plans evaluated, {report.cpu_seconds:.1f} s of CPU):"]
+    lines = [
+        f"plan ({report.plan.num_devices} of {hw.num_gpus} GPUs, started from {report.start}, "
+        f"{report.num_evaluations} plans evaluated, {report.cpu_seconds:.1f} s of CPU):"
+    ]
     for call, alloc in report.plan.calls.items():
         lines.append(f"  {call:<13} {alloc.describe():<44} {report.cost.call_seconds[call]:8.2f} s")
     lines.append(f"  reallocation (both ways, per iteration) {report.cost.realloc_seconds:.2f} s")

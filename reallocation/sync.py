@@ -152,8 +152,16 @@ def iter_plan_weights(
     With ``vllm=(model_spec, dst_layout)`` the pairs are this rank's fused vLLM parameters
     (``names.to_vllm_shards``); otherwise HF names and the plan's boxes. Collective.
     """
-    pairs = iter_reshard(plan, local_shards, dtype=dtype, bucket_bytes=bucket_bytes, group_bytes=bucket_bytes,
-                         group=group, device=device, stats=stats)
+    pairs = iter_reshard(
+        plan,
+        local_shards,
+        dtype=dtype,
+        bucket_bytes=bucket_bytes,
+        group_bytes=bucket_bytes,
+        group=group,
+        device=device,
+        stats=stats,
+    )
     if vllm is None:
         yield from pairs
         return
@@ -194,8 +202,9 @@ def iter_full_weights(
         return
     src = source_shards(module_or_state_dict, group)
     plan = plan_sync(src, single_rank_holdings(src.shapes, dst_rank))
-    yield from iter_plan_weights(plan, src.tensors, dtype=dtype or src.dtypes, bucket_bytes=bucket_bytes,
-                                 group=group, stats=stats)
+    yield from iter_plan_weights(
+        plan, src.tensors, dtype=dtype or src.dtypes, bucket_bytes=bucket_bytes, group=group, stats=stats
+    )
 
 
 def iter_layout_weights(
@@ -213,8 +222,15 @@ def iter_layout_weights(
     ``vllm_names``, for which ``dst_layout`` should be ``names.vllm_layout(tp, ...)``). Collective."""
     src = source_shards(module_or_state_dict, group)
     plan = plan_sync(src, dst_layout.holdings(model))
-    yield from iter_plan_weights(plan, src.tensors, dtype=dtype or src.dtypes, bucket_bytes=bucket_bytes, group=group,
-                                 vllm=(model, dst_layout) if vllm_names else None, stats=stats)
+    yield from iter_plan_weights(
+        plan,
+        src.tensors,
+        dtype=dtype or src.dtypes,
+        bucket_bytes=bucket_bytes,
+        group=group,
+        vllm=(model, dst_layout) if vllm_names else None,
+        stats=stats,
+    )
 
 
 def drain(pairs: Iterable) -> None:

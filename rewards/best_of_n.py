@@ -6,6 +6,7 @@
 RUN_DIR is an evaluation run with n > 1 samples per problem (``python -m eval ... num_samples=16
 temperature=0.7``); the curves, table and plot are written into it (see ``eval.best_of_n``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,12 +42,18 @@ def reward_model_scorer(path: str, kind: str, step_delimiter: str = "") -> Score
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rewards.best_of_n", description="Rerank sampled responses with a reward model.")
+    parser = argparse.ArgumentParser(
+        prog="python -m rewards.best_of_n", description="Rerank sampled responses with a reward model."
+    )
     parser.add_argument("run_dir", help="an evaluation run directory with n > 1 samples per problem")
-    parser.add_argument("--rm", required=True, help="reward model directory or builtin:synthetic-prm / builtin:synthetic-orm")
+    parser.add_argument(
+        "--rm", required=True, help="reward model directory or builtin:synthetic-prm / builtin:synthetic-orm"
+    )
     parser.add_argument("--kind", choices=("orm", "prm"), required=True)
     parser.add_argument("--aggregations", default="min,last,product", help="PRM aggregations (comma-separated)")
-    parser.add_argument("--step-delimiter", default="", help="PRM step delimiter (default: the RM's own, else a blank line)")
+    parser.add_argument(
+        "--step-delimiter", default="", help="PRM step delimiter (default: the RM's own, else a blank line)"
+    )
     args = parser.parse_args(argv)
     aggregations = [a for a in args.aggregations.split(",") if a]
     run_dir = Path(args.run_dir)

@@ -10,6 +10,7 @@ The trainer adds -beta * (log pi - log pi_ref) on every token and runs GAE (gamm
 Success is always graded by eval.grade, so the training reward and the evaluation metric agree.
 Steps are always counted, whatever the kind, because step inflation is how PRM hacking shows.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -25,8 +26,15 @@ from rewards.reward_model import RewardModel, RewardModelError, load_reward_mode
 from rewards.segment import SegmentedResponse, Step, segment_response
 from rewards.types import RewardBatch, RewardFn, RewardSample
 
-__all__ = ["RewardBatch", "RewardFn", "RewardSample", "ShapedReward", "build_reward_fn", "place_token_rewards",
-           "resolve_reward_model"]
+__all__ = [
+    "RewardBatch",
+    "RewardFn",
+    "RewardSample",
+    "ShapedReward",
+    "build_reward_fn",
+    "place_token_rewards",
+    "resolve_reward_model",
+]
 
 
 class GradeFn(Protocol):
@@ -87,8 +95,13 @@ class ShapedReward:
     the policy tokenizer that segments responses. Tests pass stand-ins with known scores.
     """
 
-    def __init__(self, cfg: RewardConfig, policy_tokenizer, reward_model: StepScorer | OutcomeScorer | None = None,
-                 grade_fn: GradeFn | Callable[..., list[Any]] | None = None):
+    def __init__(
+        self,
+        cfg: RewardConfig,
+        policy_tokenizer,
+        reward_model: StepScorer | OutcomeScorer | None = None,
+        grade_fn: GradeFn | Callable[..., list[Any]] | None = None,
+    ):
         if cfg.kind != RewardKind.success and reward_model is None:
             raise RewardModelError(f"reward.kind={cfg.kind.value} needs a reward model")
         self.cfg = cfg
@@ -109,7 +122,9 @@ class ShapedReward:
         batch = len(samples)
         lengths = torch.tensor([len(s.response_token_ids) for s in samples], dtype=torch.long)
         num_tokens = int(lengths.max()) if batch else 0
-        graded = self.grade_fn([s.response_text for s in samples], [s.gold for s in samples], [s.dataset for s in samples])
+        graded = self.grade_fn(
+            [s.response_text for s in samples], [s.gold for s in samples], [s.dataset for s in samples]
+        )
         success = torch.tensor([float(g.correct) for g in graded], dtype=torch.float32)
         segments = [segment_response(s.response_token_ids, self.tokenizer, cfg.step_delimiter) for s in samples]
         num_steps = torch.tensor([seg.num_steps for seg in segments], dtype=torch.long)
@@ -146,14 +161,32 @@ class ShapedReward:
             if cfg.refinement in (Refinement.clip, Refinement.clip_delta):
                 metrics["reward/eta"] = self.eta
 
-        token_rewards = place_token_rewards(lengths, success + learned * (cfg.kind == RewardKind.orm), step_rewards,
-                                            step_end_index, step_mask, num_tokens)
+        token_rewards = place_token_rewards(
+            lengths,
+            success + learned * (cfg.kind == RewardKind.orm),
+            step_rewards,
+            step_end_index,
+            step_mask,
+            num_tokens,
+        )
         if batch:
-            metrics.update({"reward/success": float(success.mean()), "reward/learned": float(learned.mean()),
-                            "reward/num_steps": float(num_steps.float().mean()),
-                            "reward/response_tokens": float(lengths.float().mean())})
-        return RewardBatch(token_rewards=token_rewards, success=success, learned=learned, step_scores=step_scores,
-                           num_steps=num_steps, extracted=[g.extracted for g in graded], metrics=metrics)
+            metrics.update(
+                {
+                    "reward/success": float(success.mean()),
+                    "reward/learned": float(learned.mean()),
+                    "reward/num_steps": float(num_steps.float().mean()),
+                    "reward/response_tokens": float(lengths.float().mean()),
+                }
+            )
+        return RewardBatch(
+            token_rewards=token_rewards,
+            success=success,
+            learned=learned,
+            step_scores=step_scores,
+            num_steps=num_steps,
+            extracted=[g.extracted for g in graded],
+            metrics=metrics,
+        )
 
     def _score_steps(self, samples: Sequence[RewardSample], segments: Sequence[SegmentedResponse]) -> list[list[float]]:
         """c_k for every response with at least one step (an empty response has none)."""

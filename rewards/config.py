@@ -10,6 +10,7 @@ the per-token KL term:
 Bad values fail here, when the config is composed, with the key named. A reward model that cannot
 be found fails when the reward function is built (`rewards.build.build_reward_fn`), before any rollout.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -79,7 +80,9 @@ class RewardModelConfig:
 
     def __post_init__(self) -> None:
         if self.path.startswith("builtin:") and self.path not in BUILTIN_REWARD_MODELS:
-            raise ValueError(f"reward.model.path={self.path!r}: unknown built-in; expected one of {BUILTIN_REWARD_MODELS}")
+            raise ValueError(
+                f"reward.model.path={self.path!r}: unknown built-in; expected one of {BUILTIN_REWARD_MODELS}"
+            )
         if self.batch_size < 1:
             raise ValueError(f"reward.model.batch_size={self.batch_size}: must be >= 1")
         check_dtype(self.dtype, "reward.model.dtype")
@@ -121,6 +124,10 @@ class RewardConfig:
                     "(use clip or clip_delta)"
                 )
         if self.kind == RewardKind.orm and self.model.readout == Readout.step_tag:
-            raise ValueError("reward.model.readout=step_tag gives per-step scores; reward.kind=orm needs seq_cls or value_head")
+            raise ValueError(
+                "reward.model.readout=step_tag gives per-step scores; reward.kind=orm needs seq_cls or value_head"
+            )
         if self.kind == RewardKind.prm and self.model.readout == Readout.seq_cls:
-            raise ValueError("reward.model.readout=seq_cls gives one score per response; reward.kind=prm needs value_head or step_tag")
+            raise ValueError(
+                "reward.model.readout=seq_cls gives one score per response; reward.kind=prm needs value_head or step_tag"
+            )

@@ -4,6 +4,7 @@ Under Clip a step gets ``min(c_k - eta, 0)``: zero when ``c_k >= eta``. The rewa
 steps at zero and only low-quality steps penalised, but gives no value for eta. So we state the
 fraction of steps that should get zero and read eta off the initial rollouts' score distribution.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -11,8 +12,9 @@ from collections.abc import Sequence
 import torch
 
 
-def eta_for_zero_fraction(step_scores: Sequence[Sequence[float]] | torch.Tensor, zero_fraction: float,
-                          step_mask: torch.Tensor | None = None) -> float:
+def eta_for_zero_fraction(
+    step_scores: Sequence[Sequence[float]] | torch.Tensor, zero_fraction: float, step_mask: torch.Tensor | None = None
+) -> float:
     """eta such that ``zero_fraction`` of the given steps score ``c_k >= eta`` (Clip gives them 0).
 
     ``step_scores`` is one list of scores per response, or a padded ``[B, S]`` tensor with its
@@ -29,7 +31,9 @@ def eta_for_zero_fraction(step_scores: Sequence[Sequence[float]] | torch.Tensor,
     if isinstance(step_scores, torch.Tensor):
         if step_mask is not None:
             if step_mask.shape != step_scores.shape:
-                raise ValueError(f"step_mask {tuple(step_mask.shape)} does not match step_scores {tuple(step_scores.shape)}")
+                raise ValueError(
+                    f"step_mask {tuple(step_mask.shape)} does not match step_scores {tuple(step_scores.shape)}"
+                )
             flat = step_scores[step_mask.bool()].tolist()
         elif step_scores.dim() == 1:
             flat = step_scores.tolist()

@@ -19,6 +19,7 @@ row (response b has K_b = mask[b].sum() steps); entries past K_b come back as ex
 the padding holds: padding is selected away (``torch.where``), never multiplied by 0, because
 NaN * 0 and inf * 0 are NaN.
 """
+
 from __future__ import annotations
 
 import torch

@@ -14,6 +14,7 @@ reads every step of a response in one forward pass: the score at step k only see
 ``realm_rm.json`` in a model dir (written by rewards.train_rm) says how it was trained: readout,
 question template, step delimiter, step tag, good/bad tokens, held-out accuracies.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -68,7 +69,9 @@ def rm_input(fmt: RMFormat, question: str, steps: Sequence[Step]) -> tuple[str, 
     return text, reads
 
 
-def encode_with_reads(tokenizer, text: str, read_chars: Sequence[int], keep_chars: int = 0) -> tuple[list[int], list[int], int]:
+def encode_with_reads(
+    tokenizer, text: str, read_chars: Sequence[int], keep_chars: int = 0
+) -> tuple[list[int], list[int], int]:
     """Token ids of ``text``; per read offset c, the index of the token that completes character c-1; and
     the number of leading tokens that hold the first ``keep_chars`` characters (the question).
     """
@@ -86,7 +89,9 @@ def encode_with_reads(tokenizer, text: str, read_chars: Sequence[int], keep_char
     return ids, reads, num_kept
 
 
-def plan_windows(num_tokens: int, reads: Sequence[int], num_kept: int, max_length: int) -> list[tuple[int, int, list[int]]]:
+def plan_windows(
+    num_tokens: int, reads: Sequence[int], num_kept: int, max_length: int
+) -> list[tuple[int, int, list[int]]]:
     """How to score a token sequence longer than the model's ``max_length``: a list of windows
     ``(start, end, reads)``, each read as ``tokens[:num_kept] + tokens[start:end]``.
 
@@ -119,14 +124,21 @@ def plan_windows(num_tokens: int, reads: Sequence[int], num_kept: int, max_lengt
     return windows
 
 
-def window_ids(ids: Sequence[int], reads: Sequence[int], num_kept: int, max_length: int) -> list[tuple[list[int], list[int]]]:
+def window_ids(
+    ids: Sequence[int], reads: Sequence[int], num_kept: int, max_length: int
+) -> list[tuple[list[int], list[int]]]:
     """``plan_windows`` applied: per window, its token ids and its reads as indices into them."""
     if not max_length or len(ids) <= max_length:
         return [(list(ids), list(reads))]
     num_kept = min(num_kept, max_length // 2)
     out = []
     for start, end, covered in plan_windows(len(ids), reads, num_kept, max_length):
-        out.append((list(ids[:num_kept]) + list(ids[start:end]), [r if r < num_kept else num_kept + r - start for r in covered]))
+        out.append(
+            (
+                list(ids[:num_kept]) + list(ids[start:end]),
+                [r if r < num_kept else num_kept + r - start for r in covered],
+            )
+        )
     return out
 
 
@@ -146,7 +158,9 @@ def _infer_readout(model_dir: Path, info: dict[str, Any]) -> Readout:
         return Readout.value_head
     if "CausalLM" in archs:
         return Readout.step_tag
-    raise RewardModelError(f"{model_dir}: cannot tell the readout from architectures={archs!r}; set reward.model.readout")
+    raise RewardModelError(
+        f"{model_dir}: cannot tell the readout from architectures={archs!r}; set reward.model.readout"
+    )
 
 
 def _log_odds(logits: torch.Tensor) -> torch.Tensor:
@@ -177,7 +191,9 @@ class ScoreReader:
         """ids, mask [B, L] -> [B, L, H] final (normed) hidden states."""
         return self.model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
-    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
+    ) -> torch.Tensor:
         """ids, mask [B, L]; rows, cols [N] positions to read -> [N] log-odds."""
         return self.head(self.hidden(input_ids, attention_mask)[rows, cols])
 
@@ -201,8 +217,18 @@ def _classifier(model) -> Any:
 class RewardModel:
     """A loaded reward model: text in, scores in [0, 1] out, batched by length."""
 
-    def __init__(self, model, tokenizer, reader: ScoreReader, fmt: RMFormat, readout: Readout, info: dict[str, Any],
-                 batch_size: int, max_length: int, device: str):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        reader: ScoreReader,
+        fmt: RMFormat,
+        readout: Readout,
+        info: dict[str, Any],
+        batch_size: int,
+        max_length: int,
+        device: str,
+    ):
         self.model, self.tokenizer, self.reader = model, tokenizer, reader
         self.fmt, self.readout, self.info = fmt, readout, info
         self.batch_size, self.max_length, self.device = batch_size, max_length, device
@@ -254,8 +280,12 @@ class RewardModel:
                 cols += reads
             if not rows:
                 continue
-            log_odds = self.reader(ids.to(self.device), mask.to(self.device), torch.tensor(rows, device=self.device),
-                                   torch.tensor(cols, device=self.device))
+            log_odds = self.reader(
+                ids.to(self.device),
+                mask.to(self.device),
+                torch.tensor(rows, device=self.device),
+                torch.tensor(cols, device=self.device),
+            )
             scores = torch.sigmoid(log_odds).tolist()
             position = 0
             for i in chunk:
@@ -268,7 +298,9 @@ class RewardModel:
 def _single_token(tokenizer, text: str, what: str) -> int:
     ids = tokenizer.encode(text, add_special_tokens=False)
     if len(ids) != 1:
-        raise RewardModelError(f"reward.model.{what}={text!r} is {len(ids)} tokens for this tokenizer; it must be one token")
+        raise RewardModelError(
+            f"reward.model.{what}={text!r} is {len(ids)} tokens for this tokenizer; it must be one token"
+        )
     return ids[0]
 
 
@@ -276,8 +308,11 @@ def auto_model_class(readout: Readout):
     """The transformers Auto class a readout needs."""
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoModelForTokenClassification
 
-    return {Readout.value_head: AutoModelForTokenClassification, Readout.step_tag: AutoModelForCausalLM,
-            Readout.seq_cls: AutoModelForSequenceClassification}[readout]
+    return {
+        Readout.value_head: AutoModelForTokenClassification,
+        Readout.step_tag: AutoModelForCausalLM,
+        Readout.seq_cls: AutoModelForSequenceClassification,
+    }[readout]
 
 
 def make_reader(model, readout: Readout, tokenizer=None, good_token: str = "+", bad_token: str = "-") -> ScoreReader:
@@ -308,10 +343,14 @@ def load_reward_model(model_dir: Path, cfg: RewardModelConfig, kind: RewardKind,
     info = read_rm_info(model_dir)
     readout = cfg.readout if cfg.readout != Readout.auto else _infer_readout(model_dir, info)
     if kind == RewardKind.prm and readout == Readout.seq_cls:
-        raise RewardModelError(f"{model_dir} is a sequence classifier (one score per response); reward.kind=prm needs "
-                               "per-step scores: use a value_head or step_tag model")
+        raise RewardModelError(
+            f"{model_dir} is a sequence classifier (one score per response); reward.kind=prm needs "
+            "per-step scores: use a value_head or step_tag model"
+        )
     if kind == RewardKind.orm and readout == Readout.step_tag:
-        raise RewardModelError(f"{model_dir} is read with step tags (a PRM); reward.kind=orm needs seq_cls or value_head")
+        raise RewardModelError(
+            f"{model_dir} is read with step tags (a PRM); reward.kind=orm needs seq_cls or value_head"
+        )
     if "kind" in info and info["kind"] != kind.value:
         raise RewardModelError(f"{model_dir} was trained as a {info['kind'].upper()} but reward.kind={kind.value}")
 
@@ -321,13 +360,17 @@ def load_reward_model(model_dir: Path, cfg: RewardModelConfig, kind: RewardKind,
     step_tag = pick(cfg.step_tag, "step_tag", DEFAULT_STEP_TAG if readout == Readout.step_tag else "")
     if readout == Readout.step_tag and not step_tag:
         raise RewardModelError("readout step_tag needs a non-empty reward.model.step_tag")
-    fmt = RMFormat(question_template=pick(cfg.question_template, "question_template", DEFAULT_QUESTION_TEMPLATE),
-                   step_tag=step_tag if kind == RewardKind.prm else "")
+    fmt = RMFormat(
+        question_template=pick(cfg.question_template, "question_template", DEFAULT_QUESTION_TEMPLATE),
+        step_tag=step_tag if kind == RewardKind.prm else "",
+    )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = auto_model_class(readout).from_pretrained(model_dir, dtype=torch_dtype(cfg.dtype)).to(device).eval()
     if model.config.pad_token_id is None:  # needed to pad batches (and for seq_cls pooling)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         model.config.pad_token_id = pad if pad is not None else 0
-    reader = make_reader(model, readout, tokenizer, pick(cfg.good_token, "good_token", "+"), pick(cfg.bad_token, "bad_token", "-"))
+    reader = make_reader(
+        model, readout, tokenizer, pick(cfg.good_token, "good_token", "+"), pick(cfg.bad_token, "bad_token", "-")
+    )
     max_length = cfg.max_length or max_context(model_dir) or 0
     return RewardModel(model, tokenizer, reader, fmt, readout, info, cfg.batch_size, max_length, device)

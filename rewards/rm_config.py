@@ -1,4 +1,5 @@
 """The reward-model training config (``python -m rewards.train_rm``'s schema) and the built-ins' cache keys."""
+
 from __future__ import annotations
 
 import dataclasses

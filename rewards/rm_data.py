@@ -19,6 +19,7 @@ solutions of ``eval.synthetic`` it adds degenerate responses a policy produces (
 a step repeated) with the labels they naturally have; final labels of those come from the shared
 grader. Nothing rewards or punishes padding on purpose.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,8 +68,13 @@ def _from_realm(obj: dict[str, Any]) -> RMExample:
         raise ValueError("needs 'step_labels' and/or 'final_label'")
     if final is None:
         final = step_labels[-1]
-    return RMExample(str(obj["question"]), tuple(steps), tuple(int(x) for x in step_labels) if step_labels is not None else None,
-                     int(final), obj.get("source", "file"))
+    return RMExample(
+        str(obj["question"]),
+        tuple(steps),
+        tuple(int(x) for x in step_labels) if step_labels is not None else None,
+        int(final),
+        obj.get("source", "file"),
+    )
 
 
 def _from_math_shepherd(obj: dict[str, Any], tag: str = MATH_SHEPHERD_TAG) -> RMExample:
@@ -154,8 +160,18 @@ def write_examples(path: str | Path, examples: Sequence[RMExample]) -> None:
     """The realm jsonl format (what ``load_examples`` reads back)."""
     with Path(path).open("w", encoding="utf-8") as f:
         for ex in examples:
-            f.write(json.dumps({"question": ex.question, "steps": list(ex.steps), "step_labels": list(ex.step_labels or []) or None,
-                                "final_label": ex.final_label, "source": ex.source}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "question": ex.question,
+                        "steps": list(ex.steps),
+                        "step_labels": list(ex.step_labels or []) or None,
+                        "final_label": ex.final_label,
+                        "source": ex.source,
+                    }
+                )
+                + "\n"
+            )
 
 
 # ------------------------------------------------------------------------------------------ synthetic
@@ -164,7 +180,9 @@ GradeFn = Callable[[list[str], list[str]], list[bool]]
 """(responses, golds) -> correct? per response: the shared grader in training, a stub in some tests."""
 
 
-def _junk(rng: random.Random, steps: list[str], labels: list[int], answer: str) -> tuple[str, list[str], list[int], bool]:
+def _junk(
+    rng: random.Random, steps: list[str], labels: list[int], answer: str
+) -> tuple[str, list[str], list[int], bool]:
     """One degenerate variant of a solution: (kind, steps, step labels, has a final-answer step).
 
     The last step of ``steps`` is the answer line; the others are arithmetic.
@@ -180,10 +198,17 @@ def _junk(rng: random.Random, steps: list[str], labels: list[int], answer: str) 
     # A step said again right after itself: the copy has the label of the step it repeats.
     k = rng.randrange(max(num_arith, 1))
     copies = rng.randint(1, 3)
-    return "repeated", steps[: k + 1] + [steps[k]] * copies + steps[k + 1 :], labels[: k + 1] + [labels[k]] * copies + labels[k + 1 :], True
+    return (
+        "repeated",
+        steps[: k + 1] + [steps[k]] * copies + steps[k + 1 :],
+        labels[: k + 1] + [labels[k]] * copies + labels[k + 1 :],
+        True,
+    )
 
 
-def synthetic_examples(problems: Sequence[Problem], seed: int, num_corrupted: int, num_junk: int, grade: GradeFn) -> list[RMExample]:
+def synthetic_examples(
+    problems: Sequence[Problem], seed: int, num_corrupted: int, num_junk: int, grade: GradeFn
+) -> list[RMExample]:
     """Per problem: the correct solution, ``num_corrupted`` corrupted ones, ``num_junk`` degenerate ones.
 
     Degenerate responses start from the correct or a corrupted solution; their final label is the
@@ -198,7 +223,11 @@ def synthetic_examples(problems: Sequence[Problem], seed: int, num_corrupted: in
     for problem in problems:
         solutions = labeled_solutions(problem, seed, num_corrupted)
         for i, sol in enumerate(solutions):
-            examples.append(RMExample(problem.question, sol.steps, sol.step_labels, sol.final_label, "clean" if i == 0 else "corrupted"))
+            examples.append(
+                RMExample(
+                    problem.question, sol.steps, sol.step_labels, sol.final_label, "clean" if i == 0 else "corrupted"
+                )
+            )
         for _ in range(num_junk):
             base = rng.choice(solutions)
             kind, steps, labels, has_answer = _junk(rng, list(base.steps), list(base.step_labels), problem.answer)

@@ -3,6 +3,7 @@
 Inputs are built exactly as ``rewards.reward_model.RewardModel`` builds them when scoring, so that what
 is trained is what is read.
 """
+
 from __future__ import annotations
 
 import random
@@ -27,8 +28,10 @@ def load_data(cfg: RMTrainConfig) -> tuple[list[RMExample], list[RMExample]]:
     questions = sorted({ex.question for ex in examples})
     random.Random(cfg.seed).shuffle(questions)
     heldout_questions = set(questions[: max(1, int(len(questions) * cfg.heldout_fraction))])
-    return ([ex for ex in examples if ex.question not in heldout_questions],
-            [ex for ex in examples if ex.question in heldout_questions])
+    return (
+        [ex for ex in examples if ex.question not in heldout_questions],
+        [ex for ex in examples if ex.question in heldout_questions],
+    )
 
 
 def _grade(responses: list[str], golds: list[str]) -> list[bool]:
@@ -43,14 +46,21 @@ def _synthetic_data(cfg: RMTrainConfig) -> tuple[list[RMExample], list[RMExample
 
     s = cfg.synthetic
     ppo = DataConfig()
-    _, ppo_heldout = split_problems(ppo.synthetic_num_train, ppo.synthetic_num_heldout, seed=ppo.seed, difficulty=s.difficulty)
+    _, ppo_heldout = split_problems(
+        ppo.synthetic_num_train, ppo.synthetic_num_heldout, seed=ppo.seed, difficulty=s.difficulty
+    )
     excluded = {p.question for p in ppo_heldout}
     num_total = s.num_train_problems + s.num_heldout_problems
-    problems = [p for p in generate_problems(num_total + len(excluded), seed=s.seed, difficulty=s.difficulty)
-                if p.question not in excluded][:num_total]
+    problems = [
+        p
+        for p in generate_problems(num_total + len(excluded), seed=s.seed, difficulty=s.difficulty)
+        if p.question not in excluded
+    ][:num_total]
     train, heldout = problems[: s.num_train_problems], problems[s.num_train_problems :]
-    return (synthetic_examples(train, s.seed, s.num_corrupted, s.num_junk, _grade),
-            synthetic_examples(heldout, s.seed + 1, s.num_corrupted, s.num_junk, _grade))
+    return (
+        synthetic_examples(train, s.seed, s.num_corrupted, s.num_junk, _grade),
+        synthetic_examples(heldout, s.seed + 1, s.num_corrupted, s.num_junk, _grade),
+    )
 
 
 @dataclass
@@ -94,8 +104,17 @@ def encode(cfg: RMTrainConfig, tokenizer, examples: Sequence[RMExample]) -> list
             lm_start = None
             if w == 0 and is_correct_solution(ex):  # the LM loss imitates the first window's response tokens
                 lm_start = num_kept if num_kept < len(window) else None
-            out.append(Encoded(window, window_reads, labels[position : position + len(window_reads)], ex.source,
-                               final_label, lm_start, is_last_window=w == len(windows) - 1))
+            out.append(
+                Encoded(
+                    window,
+                    window_reads,
+                    labels[position : position + len(window_reads)],
+                    ex.source,
+                    final_label,
+                    lm_start,
+                    is_last_window=w == len(windows) - 1,
+                )
+            )
             position += len(window_reads)
     return out
 
@@ -119,7 +138,9 @@ def lm_loss(reader, hidden: torch.Tensor, ids: torch.Tensor, batch: Sequence[Enc
     return torch.nn.functional.cross_entropy(logits.float(), ids[rows_t, cols_t + 1])
 
 
-def collate(batch: Sequence[Encoded], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def collate(
+    batch: Sequence[Encoded], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Right-padded ids, mask [B, L]; rows, cols, labels [N] of every read."""
     width = max(len(e.ids) for e in batch)
     ids = torch.full((len(batch), width), pad_id, dtype=torch.long)

@@ -1,4 +1,5 @@
 """Held-out quality of a reward model: accuracies at threshold 0.5, majority baselines and AUCs."""
+
 from __future__ import annotations
 
 import bisect
@@ -19,13 +20,17 @@ def auc(scores: Sequence[float], labels: Sequence[int]) -> float:
     if not positives or not negatives:
         return float("nan")
     ranked = sorted(negatives)
-    wins = sum(bisect.bisect_left(ranked, p) + 0.5 * (bisect.bisect_right(ranked, p) - bisect.bisect_left(ranked, p))
-               for p in positives)
+    wins = sum(
+        bisect.bisect_left(ranked, p) + 0.5 * (bisect.bisect_right(ranked, p) - bisect.bisect_left(ranked, p))
+        for p in positives
+    )
     return wins / (len(positives) * len(negatives))
 
 
 @torch.inference_mode()
-def heldout_metrics(reader, data: Sequence[Encoded], pad_id: int, kind: RMKind, device: str, batch_size: int = 64) -> dict[str, Any]:
+def heldout_metrics(
+    reader, data: Sequence[Encoded], pad_id: int, kind: RMKind, device: str, batch_size: int = 64
+) -> dict[str, Any]:
     """Held-out accuracies at threshold 0.5, with what a constant would get, and AUCs.
 
     step_*: every step's score vs its label (PRM). final_*: the score at the last read (the last step
@@ -66,8 +71,12 @@ def heldout_metrics(reader, data: Sequence[Encoded], pad_id: int, kind: RMKind, 
         "final_accuracy_by_source": {k: sum(v) / len(v) for k, v in sorted(by_source.items())},
     }
     if kind == RMKind.prm:
-        metrics.update(step_accuracy=accuracy(step_scores, step_labels), step_majority_baseline=majority(step_labels),
-                       step_auc=auc(step_scores, step_labels), num_heldout_steps=len(step_labels))
+        metrics.update(
+            step_accuracy=accuracy(step_scores, step_labels),
+            step_majority_baseline=majority(step_labels),
+            step_auc=auc(step_scores, step_labels),
+            num_heldout_steps=len(step_labels),
+        )
     return metrics
 
 

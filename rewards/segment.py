@@ -12,6 +12,7 @@ included). The last step always ends on the response's final token, so trailing 
 BPE token, or a multi-byte character split over several byte tokens): positions are computed from
 the generated token ids, never from a re-tokenization of the text.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -85,7 +86,9 @@ def step_char_ends(steps: Sequence[Step]) -> list[int]:
 @lru_cache(maxsize=1)
 def _bytes_to_unicode() -> dict[str, int]:
     """GPT-2's byte <-> printable-character table, as {character: byte}: how byte-level BPE spells bytes."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    printable = (
+        list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    )
     chars = printable[:]
     extra = 0
     for b in range(256):

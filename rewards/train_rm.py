@@ -23,6 +23,7 @@ by a hash of the config.
 The built-ins' held-out accuracies and AUCs (``scripts/train_reward_models.sh``) are in the README,
 "Rewards"; each run also writes them to ``realm_rm.json`` and prints them.
 """
+
 from __future__ import annotations
 
 import json
@@ -80,23 +81,32 @@ def _train(cfg: RMTrainConfig, output_dir: Path) -> dict[str, Any]:
     tokenizer = AutoTokenizer.from_pretrained(backbone_dir)
     train_examples, heldout_examples = load_data(cfg)
     train, heldout = encode(cfg, tokenizer, train_examples), encode(cfg, tokenizer, heldout_examples)
-    _log(f"{name}: {len(train)} train / {len(heldout)} held-out responses from {cfg.backbone.name} "
-         f"({time.time() - started:.0f} s)")
+    _log(
+        f"{name}: {len(train)} train / {len(heldout)} held-out responses from {cfg.backbone.name} "
+        f"({time.time() - started:.0f} s)"
+    )
 
     readout = cfg.resolved_readout
     extra = {"num_labels": 1} if readout != Readout.step_tag else {}
     torch.manual_seed(cfg.seed)  # here, not earlier: building the backbone on first use draws from torch's RNG too
     model = auto_model_class(readout).from_pretrained(backbone_dir, **extra).to(cfg.device)
     if model.config.pad_token_id is None:
-        model.config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        model.config.pad_token_id = (
+            tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        )
     pad_id = model.config.pad_token_id
     reader = make_reader(model, readout, tokenizer, cfg.good_token, cfg.bad_token)
     _fit(cfg, model, reader, train, heldout, pad_id, lambda msg: _log(f"{name}: {msg} ({time.time() - started:.0f} s)"))
     model.eval()
     metrics = heldout_metrics(reader, heldout, pad_id, cfg.kind, cfg.device)
-    baselines = ", ".join(f"{k.split('_')[0]} {metrics[k]:.3f}" for k in ("step_majority_baseline", "final_majority_baseline")
-                          if k in metrics)
-    _log(f"{name}: held-out {accuracies_line(metrics)} (majority baselines: {baselines}) ({time.time() - started:.0f} s)")
+    baselines = ", ".join(
+        f"{k.split('_')[0]} {metrics[k]:.3f}"
+        for k in ("step_majority_baseline", "final_majority_baseline")
+        if k in metrics
+    )
+    _log(
+        f"{name}: held-out {accuracies_line(metrics)} (majority baselines: {baselines}) ({time.time() - started:.0f} s)"
+    )
 
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir)
@@ -118,13 +128,22 @@ def _train(cfg: RMTrainConfig, output_dir: Path) -> dict[str, Any]:
     return info
 
 
-def _fit(cfg: RMTrainConfig, model, reader, train: Sequence[Encoded], heldout: Sequence[Encoded], pad_id: int,
-         log: Callable[[str], None]) -> None:
+def _fit(
+    cfg: RMTrainConfig,
+    model,
+    reader,
+    train: Sequence[Encoded],
+    heldout: Sequence[Encoded],
+    pad_id: int,
+    log: Callable[[str], None],
+) -> None:
     """``cfg.num_steps`` AdamW steps of BCE on the log-odds at every read (+ the auxiliary LM loss), in
     seeded random batches that cycle through ``train``; every ``log_every`` steps a look at held-out[:256]."""
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr)
+    optimizer = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr
+    )
     scheduler = build_lr_scheduler(optimizer, LRSchedule.cosine, cfg.num_warmup_steps, cfg.num_steps, floor=0.1)
     rng = random.Random(cfg.seed)
     order: list[int] = []

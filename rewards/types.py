@@ -1,4 +1,5 @@
 """What the trainer hands the reward function and what it gets back."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -1,4 +1,5 @@
 """Shared fixtures: an isolated model cache, the tiny model, offline/loopback environment."""
+
 from __future__ import annotations
 
 import os

@@ -1,4 +1,5 @@
 """Every reward option composes with every model option; typos and bad values fail at compose time."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -25,8 +26,14 @@ def _compose(overrides: list[str]) -> TrainConfig:
 
 def test_option_lists_are_complete():
     assert REWARDS == ["orm", "prm", "prm_clip", "prm_clip_delta", "prm_delta", "success"]
-    assert {"tiny", "smollm2-135m", "qwen2.5-math-1.5b", "qwen2.5-math-1.5b-instruct",
-            "qwen2.5-math-7b", "qwen2.5-math-7b-instruct"} <= set(MODELS)
+    assert {
+        "tiny",
+        "smollm2-135m",
+        "qwen2.5-math-1.5b",
+        "qwen2.5-math-1.5b-instruct",
+        "qwen2.5-math-7b",
+        "qwen2.5-math-7b-instruct",
+    } <= set(MODELS)
 
 
 def test_default_is_success_only():
@@ -105,8 +112,9 @@ def test_clip_options_calibrate_eta_so_most_steps_get_zero():
     assert _compose(["+reward=prm_delta"]).reward.eta_zero_fraction is None
 
 
-@pytest.mark.parametrize("cluster, num_devices, backend", [("local_cpu", 2, "gloo"), ("gpu_1x8", 8, "nccl"),
-                                                         ("gpu_2x8", 16, "nccl")])
+@pytest.mark.parametrize(
+    "cluster, num_devices, backend", [("local_cpu", 2, "gloo"), ("gpu_1x8", 8, "nccl"), ("gpu_2x8", 16, "nccl")]
+)
 def test_clusters_name_their_devices_and_default_to_the_heuristic_plan(cluster, num_devices, backend):
     cfg = _compose([f"cluster={cluster}"])
     assert (cfg.cluster.num_devices, cfg.cluster.backend, cfg.cluster.plan) == (num_devices, backend, "heuristic")
@@ -132,9 +140,22 @@ def test_bad_cluster_or_shape_fails_with_the_key_named(overrides, fragment):
 
 
 def test_qwen_math_model_configs_carry_their_shapes():
-    small, large = _compose(["model=qwen2.5-math-1.5b-instruct"]).model.shape, _compose(["model=qwen2.5-math-7b"]).model.shape
-    assert (small.num_hidden_layers, small.hidden_size, small.num_attention_heads, small.num_key_value_heads) == (28, 1536, 12, 2)
-    assert (large.num_hidden_layers, large.hidden_size, large.num_attention_heads, large.num_key_value_heads) == (28, 3584, 28, 4)
+    small, large = (
+        _compose(["model=qwen2.5-math-1.5b-instruct"]).model.shape,
+        _compose(["model=qwen2.5-math-7b"]).model.shape,
+    )
+    assert (small.num_hidden_layers, small.hidden_size, small.num_attention_heads, small.num_key_value_heads) == (
+        28,
+        1536,
+        12,
+        2,
+    )
+    assert (large.num_hidden_layers, large.hidden_size, large.num_attention_heads, large.num_key_value_heads) == (
+        28,
+        3584,
+        28,
+        4,
+    )
     assert small.tie_word_embeddings and not large.tie_word_embeddings
     assert not _compose([]).model.shape.given  # tiny: derived from model.tiny
 
@@ -151,8 +172,17 @@ def test_train_py_rejects_an_added_unknown_key_before_training(monkeypatch, caps
         raise AssertionError("training started with an unknown key")
 
     monkeypatch.setattr(trainer.loop, "train", must_not_train)
-    monkeypatch.setattr(sys, "argv", ["train.py", "+reward=prm_delta", "+reward.no_such_field=1",
-                                      "hydra.run.dir=/tmp/realm-unknown-key-test", "hydra.output_subdir=null"])
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        [
+            "train.py",
+            "+reward=prm_delta",
+            "+reward.no_such_field=1",
+            "hydra.run.dir=/tmp/realm-unknown-key-test",
+            "hydra.output_subdir=null",
+        ],
+    )
     with pytest.raises(SystemExit) as info:
         runpy.run_path(str(CONFIGS.parent / "train.py"), run_name="__main__")
     assert "reward.no_such_field" in str(info.value)

@@ -4,6 +4,7 @@ The order is read from the README's `Layers, top to bottom:` line, so the rule p
 rule that is checked. A package imports only packages below it; entry points (train.py, bench/,
 scripts/, tests/, a package's __main__.py) may import any package and nothing imports them.
 """
+
 from __future__ import annotations
 
 import ast
@@ -160,16 +161,19 @@ def _tree(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_checker_finds_an_upward_function_level_import_and_a_circle(tmp_path):
-    root = _tree(tmp_path, {
-        "low/__init__.py": "",
-        "low/a.py": "def f():\n    from high.b import g\n",  # upward, hidden in a function
-        "low/c.py": "from . import d\n",  # relative: low.c -> low.d -> low.c
-        "low/d.py": "from low import c\n",
-        "high/__init__.py": "",
-        "high/b.py": "from low.a import f\ng = 1\n",
-        "high/__main__.py": "import high.b\n",
-        "tests/test_x.py": "import high.b\nimport low.a\n",
-    })
+    root = _tree(
+        tmp_path,
+        {
+            "low/__init__.py": "",
+            "low/a.py": "def f():\n    from high.b import g\n",  # upward, hidden in a function
+            "low/c.py": "from . import d\n",  # relative: low.c -> low.d -> low.c
+            "low/d.py": "from low import c\n",
+            "high/__init__.py": "",
+            "high/b.py": "from low.a import f\ng = 1\n",
+            "high/__main__.py": "import high.b\n",
+            "tests/test_x.py": "import high.b\nimport low.a\n",
+        },
+    )
     assert layer_violations(root, ["high", "low"]) == ["low/a.py:2: low imports high.b, which is not below it"]
     assert circles(import_graph(root)[1]) == [["high.b", "low.a"], ["low.c", "low.d"]]
     assert layer_violations(root, ["low"]) == [

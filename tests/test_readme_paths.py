@@ -5,6 +5,7 @@ the repository (``docs/mini_repro/curves.png``, ``rewards/refine.py``, ``configs
 ``path::test_name`` reference must also name a test defined in that file, and ``pkg/module.name`` a
 function or class that ``pkg/module.py`` defines.
 """
+
 from __future__ import annotations
 
 import re

@@ -1,4 +1,5 @@
 """train.py's error reporting, in process, with the training loop replaced (no Ray, no vLLM)."""
+
 from __future__ import annotations
 
 import runpy

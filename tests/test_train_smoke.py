@@ -1,4 +1,5 @@
 """End to end through `train.py` (Ray + vLLM-CPU + FSDP workers + rewards), tiny and short: slow."""
+
 from __future__ import annotations
 
 import json
@@ -12,16 +13,23 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 REWARDS = ["success", "orm", "prm", "prm_clip", "prm_delta", "prm_clip_delta"]
 SMALL = [
-    "sft.num_steps=30", "rollout.num_prompts=4", "rollout.num_samples_per_prompt=2", "rollout.max_new_tokens=32",
-    "data.synthetic_num_train=64", "data.synthetic_num_heldout=8", "run.eval_every=0",
-    "run.num_heldout_samples=0", "ppo.num_minibatches=2",
+    "sft.num_steps=30",
+    "rollout.num_prompts=4",
+    "rollout.num_samples_per_prompt=2",
+    "rollout.max_new_tokens=32",
+    "data.synthetic_num_train=64",
+    "data.synthetic_num_heldout=8",
+    "run.eval_every=0",
+    "run.num_heldout_samples=0",
+    "ppo.num_minibatches=2",
 ]
 
 
 def _train(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
     env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
-    return subprocess.run([sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _last_line(proc: subprocess.CompletedProcess) -> str:
@@ -37,8 +45,18 @@ def test_every_reward_option_trains_two_iterations(reward, tmp_path):
     assert last.startswith("held-out success: ") and " -> " in last
     rows = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["iteration"] for r in rows] == [0, 1, 2]  # 0: held-out success before training
-    for key in ("reward/success", "reward/learned", "kl/mean", "actor/entropy", "actor/clip_frac",
-                "critic/loss", "response/length", "response/num_steps", "throughput/tokens_per_s", "time/generate"):
+    for key in (
+        "reward/success",
+        "reward/learned",
+        "kl/mean",
+        "actor/entropy",
+        "actor/clip_frac",
+        "critic/loss",
+        "response/length",
+        "response/num_steps",
+        "throughput/tokens_per_s",
+        "time/generate",
+    ):
         assert key in rows[-1], key
     assert (tmp_path / "curves.png").exists() and (tmp_path / "samples.jsonl").exists()
     assert (tmp_path / "checkpoints" / "iter_000002" / "COMPLETE").exists()
@@ -61,11 +79,25 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_mini_repro_sweep_two_iterations(tmp_path):
     """The issue-8 multirun, 2 iterations per reward option, then the summary table and plot."""
-    proc = _train(["-m", "experiment=mini_repro", "+reward=" + ",".join(REWARDS), "run.num_iterations=2",
-                   *SMALL, f"hydra.sweep.dir={tmp_path}"], timeout=3600)
+    proc = _train(
+        [
+            "-m",
+            "experiment=mini_repro",
+            "+reward=" + ",".join(REWARDS),
+            "run.num_iterations=2",
+            *SMALL,
+            f"hydra.sweep.dir={tmp_path}",
+        ],
+        timeout=3600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = subprocess.run([sys.executable, "-m", "trainer.summarize", str(tmp_path)], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "trainer.summarize", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     table = (tmp_path / "summary.md").read_text()
     for reward in REWARDS:

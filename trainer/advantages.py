@@ -7,6 +7,7 @@ real token and everything after it is ignored (and returned as 0).
 References: Ziegler et al. 2019 (KL-shaped rewards), Schulman et al. 2016 (GAE),
 cleanrl ``ppo.py`` (the GAE loop), torchtune ``rlhf/rewards.py`` (masked statistics).
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -85,9 +86,7 @@ def kl_shaped_rewards(
     return rewards_BT, kl_BT
 
 
-def gae(
-    rewards_BT: Tensor, values_BT: Tensor, mask_BT: Tensor, gamma: float, lam: float
-) -> tuple[Tensor, Tensor]:
+def gae(rewards_BT: Tensor, values_BT: Tensor, mask_BT: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
     """Generalized advantage estimation over right-padded responses.
 
         delta_t = r_t + gamma * V(s_{t+1}) - V(s_t)       V(s_{t+1}) = 0 after the last real token

@@ -25,6 +25,7 @@ cut into ``num_minibatches`` global minibatches, and each of those into one equa
 Rank r receives its shares in (epoch, minibatch) order and steps through them, so the minibatches
 (and so the optimization) are the same whatever the number of ranks.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping

@@ -7,6 +7,7 @@ Layout of ``<run_dir>/checkpoints/``::
         policy/ critic/     written by the workers
     latest                  text file with the newest complete checkpoint's name (replaced atomically)
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,11 @@ def save_checkpoint(
 def _complete_checkpoints(root: Path) -> list[Path]:
     if not root.exists():
         return []
-    done = [p for p in root.iterdir() if p.is_dir() and p.name.startswith("iter_") and ".tmp-" not in p.name
-            and is_complete(p)]
+    done = [
+        p
+        for p in root.iterdir()
+        if p.is_dir() and p.name.startswith("iter_") and ".tmp-" not in p.name and is_complete(p)
+    ]
     return sorted(done, key=lambda p: p.name)
 
 

@@ -1,4 +1,5 @@
 """Hydra DictConfig -> typed TrainConfig, with errors that name the offending key."""
+
 from __future__ import annotations
 
 from omegaconf import DictConfig

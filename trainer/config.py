@@ -6,6 +6,7 @@ real models override them in one place: `configs/experiment/` (e.g. `experiment=
 
 After `train.py`, no code sees a DictConfig: components get their own plain dataclass.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -90,15 +91,19 @@ class RolloutConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"rollout.{name}={getattr(self, name)}: must be >= 1")
         if not self.temperature > 0:
-            raise ValueError(f"rollout.temperature={self.temperature}: PPO samples its rollouts and divides the logits "
-                             "by the temperature, so it must be > 0 (greedy rollouts have no logprobs to train on)")
+            raise ValueError(
+                f"rollout.temperature={self.temperature}: PPO samples its rollouts and divides the logits "
+                "by the temperature, so it must be > 0 (greedy rollouts have no logprobs to train on)"
+            )
         if self.top_p != 1.0:
             # The ratio, the KL penalty and the entropy use the full softmax at this temperature; with
             # nucleus sampling the rollout policy is a different (truncated) distribution, and PPO's
             # importance ratio would be off for every token.
-            raise ValueError(f"rollout.top_p={self.top_p}: PPO rollouts must sample the full softmax (top_p=1.0), "
-                             "because the logprobs, ratio and KL are computed from it; lower rollout.temperature "
-                             "to sharpen sampling instead")
+            raise ValueError(
+                f"rollout.top_p={self.top_p}: PPO rollouts must sample the full softmax (top_p=1.0), "
+                "because the logprobs, ratio and KL are computed from it; lower rollout.temperature "
+                "to sharpen sampling instead"
+            )
 
 
 @dataclass
@@ -169,11 +174,13 @@ class TrainConfig:
 PUBLIC_PRM_HINT = (
     "a PRM such as Math-Shepherd (peiyi9979/math-shepherd-mistral-7b-prm, a causal LM read at a step tag): "
     "reward.model.path=/models/math-shepherd reward.model.readout=step_tag \"reward.model.step_tag=' ки'\" "
-    "reward.model.good_token=+ reward.model.bad_token=- \"reward.model.question_template='{question} '\"")
+    "reward.model.good_token=+ reward.model.bad_token=- \"reward.model.question_template='{question} '\""
+)
 PUBLIC_ORM_HINT = (
     "an ORM with a sequence-classification head, such as Skywork/Skywork-Reward-Llama-3.1-8B-v0.2: "
     "reward.model.path=/models/skywork-reward reward.model.readout=seq_cls, or one trained on your policy's "
-    "own samples with python -m rewards.train_rm kind=orm (as the paper did)")
+    "own samples with python -m rewards.train_rm kind=orm (as the paper did)"
+)
 
 
 def check_reward_model(cfg: TrainConfig) -> None:
@@ -190,7 +197,8 @@ def check_reward_model(cfg: TrainConfig) -> None:
     raise ValueError(
         f"reward.model.path={path} is a 2-layer reward model trained on the synthetic arithmetic task; it cannot "
         f"score the solutions of model={cfg.model.name} ({cfg.model.path}). Point reward.model.path at a real "
-        f"reward model, e.g. {hint}")
+        f"reward model, e.g. {hint}"
+    )
 
 
 def _run_dir(name: str, timestamp: str) -> str:

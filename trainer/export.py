@@ -18,6 +18,7 @@ in one process, puts them into the architecture of the run's base model (from th
 so that ``python -m eval model=<checkpoint> data.name=<hf>/heldout.jsonl prompt=trained`` evaluates
 the policy on the problems, with the prompt, of the trainer's own held-out evaluation.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -78,13 +79,17 @@ def find_checkpoint(path: str | Path, iteration: int | None = None) -> Checkpoin
             checkpoint = root / checkpoint_name(iteration)
             if not is_checkpoint(checkpoint):
                 have = sorted(p.name for p in root.glob("iter_*") if is_checkpoint(p))
-                raise ExportError(f"{checkpoint}: no complete checkpoint of iteration {iteration} "
-                                  f"(complete: {', '.join(have) or 'none'}; older ones are pruned, see run.checkpoint_every)")
+                raise ExportError(
+                    f"{checkpoint}: no complete checkpoint of iteration {iteration} "
+                    f"(complete: {', '.join(have) or 'none'}; older ones are pruned, see run.checkpoint_every)"
+                )
     else:
-        raise ExportError(f"{path}: neither a run directory (with checkpoints/) nor a complete checkpoint "
-                          "(with COMPLETE and policy/)")
-    return CheckpointRef(run_dir=checkpoint.parent.parent, checkpoint=checkpoint,
-                         iteration=int(load_state(checkpoint)["iteration"]))
+        raise ExportError(
+            f"{path}: neither a run directory (with checkpoints/) nor a complete checkpoint (with COMPLETE and policy/)"
+        )
+    return CheckpointRef(
+        run_dir=checkpoint.parent.parent, checkpoint=checkpoint, iteration=int(load_state(checkpoint)["iteration"])
+    )
 
 
 def load_run_config(run_dir: Path):
@@ -96,8 +101,10 @@ def load_run_config(run_dir: Path):
 
     path = run_dir / ".hydra" / "config.yaml"
     if not path.exists():
-        raise ExportError(f"{path}: missing; the export needs the run's config (written by train.py) "
-                          "to know the base model and the prompt")
+        raise ExportError(
+            f"{path}: missing; the export needs the run's config (written by train.py) "
+            "to know the base model and the prompt"
+        )
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path))
         return OmegaConf.to_object(merged)
@@ -120,7 +127,7 @@ def read_policy_weights(dcp_dir: Path) -> dict[str, Any]:
     state: dict[str, Any] = {}
     for key, meta in metadata.state_dict_metadata.items():
         if key.startswith(_MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata):
-            state[key[len(_MODEL_PREFIX):]] = torch.empty(meta.size, dtype=meta.properties.dtype)
+            state[key[len(_MODEL_PREFIX) :]] = torch.empty(meta.size, dtype=meta.properties.dtype)
     if not state:
         raise ExportError(f"{dcp_dir}: holds no model tensors (keys: {sorted(metadata.state_dict_metadata)[:5]}...)")
     with warnings.catch_warnings():  # DCP warns that it 'assumes the intent' to load in one process: it is.
@@ -141,8 +148,10 @@ def build_policy(base_dir: Path, state: dict[str, Any], dtype: str):
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     missing = set(result.missing_keys) - tied
     if missing or result.unexpected_keys:
-        raise ExportError(f"checkpoint does not match {base_dir}/config.json: missing {sorted(missing)[:5]}, "
-                          f"unexpected {sorted(result.unexpected_keys)[:5]}")
+        raise ExportError(
+            f"checkpoint does not match {base_dir}/config.json: missing {sorted(missing)[:5]}, "
+            f"unexpected {sorted(result.unexpected_keys)[:5]}"
+        )
     model.tie_weights()
     return model.to(getattr(torch, dtype)).eval()
 
@@ -163,8 +172,19 @@ def _write_heldout(path: Path, cfg) -> int:
     _, heldout = load_data(cfg)
     with path.open("w", encoding="utf-8") as f:
         for p in heldout:
-            f.write(json.dumps({"id": p.id, "question": p.question, "answer": p.answer, "dataset": p.dataset,
-                                **({"solution": p.solution} if p.solution else {})}, ensure_ascii=False) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "id": p.id,
+                        "question": p.question,
+                        "answer": p.answer,
+                        "dataset": p.dataset,
+                        **({"solution": p.solution} if p.solution else {}),
+                    },
+                    ensure_ascii=False,
+                )
+                + "\n"
+            )
     return len(heldout)
 
 
@@ -199,11 +219,21 @@ def export(ref: CheckpointRef, out: Path | None = None, base_dir: Path | None = 
         AutoTokenizer.from_pretrained(base_dir).save_pretrained(tmp)
         _write_prompt(tmp / PROMPT_FILE, cfg.rollout.system_prompt, cfg.rollout.prompt_suffix)
         num_heldout = _write_heldout(tmp / HELDOUT_FILE, cfg)
-        info = {"run_dir": str(ref.run_dir), "checkpoint": str(ref.checkpoint), "iteration": ref.iteration,
-                "base_model": str(base_dir), "model_name": cfg.model.name, "dtype": cfg.model.dtype,
-                "heldout": {"name": cfg.data.heldout, "limit": cfg.data.heldout_limit, "num_problems": num_heldout,
-                            "max_new_tokens": cfg.rollout.max_new_tokens},
-                "trainer_heldout_success": _trainer_heldout_success(ref.run_dir, ref.iteration)}
+        info = {
+            "run_dir": str(ref.run_dir),
+            "checkpoint": str(ref.checkpoint),
+            "iteration": ref.iteration,
+            "base_model": str(base_dir),
+            "model_name": cfg.model.name,
+            "dtype": cfg.model.dtype,
+            "heldout": {
+                "name": cfg.data.heldout,
+                "limit": cfg.data.heldout_limit,
+                "num_problems": num_heldout,
+                "max_new_tokens": cfg.rollout.max_new_tokens,
+            },
+            "trainer_heldout_success": _trainer_heldout_success(ref.run_dir, ref.iteration),
+        }
         (tmp / EXPORT_INFO).write_text(json.dumps(info, indent=2) + "\n", encoding="utf-8")
         if out.exists():
             shutil.rmtree(out)
@@ -228,14 +258,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("path", help="a run directory (outputs/...) or one of its checkpoints/iter_NNNNNN")
     parser.add_argument("--iteration", type=int, default=None, help="which checkpoint (default: the newest)")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: <checkpoint>/hf)")
-    parser.add_argument("--base", type=Path, default=None,
-                        help="base model directory (default: the run config's model, resolved as training did)")
+    parser.add_argument(
+        "--base",
+        type=Path,
+        default=None,
+        help="base model directory (default: the run config's model, resolved as training did)",
+    )
     args = parser.parse_args(argv)
     from models.registry import ModelNotAvailable
 
     try:
-        out = export(find_checkpoint(args.path, args.iteration), out=args.out, base_dir=args.base,
-                     log=lambda m: print(m, file=sys.stderr, flush=True))
+        out = export(
+            find_checkpoint(args.path, args.iteration),
+            out=args.out,
+            base_dir=args.base,
+            log=lambda m: print(m, file=sys.stderr, flush=True),
+        )
     except (ExportError, ModelNotAvailable) as e:
         raise SystemExit(f"error: {e}") from None
     print(out)

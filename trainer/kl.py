@@ -3,6 +3,7 @@
 Both have the same two methods (``update`` after each iteration, ``value`` to read beta) and a
 state dict for checkpoints, so the loop never asks which one it holds.
 """
+
 from __future__ import annotations
 
 from typing import Protocol

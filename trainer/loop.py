@@ -8,6 +8,7 @@ One iteration (``run_iteration``), each step a function below::
     stats = update(run, batch, ...)         # actor_train + critic_train, concurrent; then reallocation
     metrics(...), eval every N, checkpoint every N, timeline.png of the iteration
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -42,8 +43,12 @@ def _log(msg: str) -> None:
 
 def load_data(cfg: TrainConfig) -> tuple[list[Problem], list[Problem]]:
     d = cfg.data
-    common = dict(seed=d.seed, synthetic_num_train=d.synthetic_num_train,
-                  synthetic_num_heldout=d.synthetic_num_heldout, synthetic_difficulty=d.synthetic_difficulty)
+    common = dict(
+        seed=d.seed,
+        synthetic_num_train=d.synthetic_num_train,
+        synthetic_num_heldout=d.synthetic_num_heldout,
+        synthetic_difficulty=d.synthetic_difficulty,
+    )
     train = load_problems(d.name, limit=d.limit, synthetic_split="train", **common)
     heldout = load_problems(d.heldout, limit=d.heldout_limit, synthetic_split="heldout", **common)
     if not train:
@@ -70,9 +75,17 @@ def warm_start(cfg: TrainConfig, base_dir: Path, train: list[Problem]) -> Path:
         return base_dir
     from trainer.sft import run_sft
 
-    key = json.dumps({"base": str(base_dir), "sft": asdict(cfg.sft), "data": asdict(cfg.data),
-                      "rollout": [cfg.rollout.system_prompt, cfg.rollout.prompt_suffix], "seed": cfg.run.seed},
-                     sort_keys=True, default=str)
+    key = json.dumps(
+        {
+            "base": str(base_dir),
+            "sft": asdict(cfg.sft),
+            "data": asdict(cfg.data),
+            "rollout": [cfg.rollout.system_prompt, cfg.rollout.prompt_suffix],
+            "seed": cfg.run.seed,
+        },
+        sort_keys=True,
+        default=str,
+    )
     target = cache_root() / "sft" / f"{base_dir.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     if is_complete(target):
         _log(f"[sft] reusing warm-up {target}")
@@ -102,8 +115,6 @@ def resolve_reward_model_dir(cfg: TrainConfig) -> Path | None:
         return resolve_reward_model(cfg.reward.model.path)
     except RewardModelError as e:
         raise TrainingError(str(e)) from None
-
-
 
 
 def execution_plan(cfg: TrainConfig, policy_dir: Path, reward_dir: Path | None, run_dir: Path) -> Any:
@@ -156,27 +167,49 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
     check_fits(cfg, base_dir)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     r = cfg.rollout
-    prompts = {p.id: prompt_text(tokenizer, p.question, r.system_prompt, r.prompt_suffix) for p in train_problems + heldout}
-    prompt_tokens = {pid: prompt_ids(tokenizer, text, r.max_prompt_tokens, f"problem {pid}") for pid, text in prompts.items()}
+    prompts = {
+        p.id: prompt_text(tokenizer, p.question, r.system_prompt, r.prompt_suffix) for p in train_problems + heldout
+    }
+    prompt_tokens = {
+        pid: prompt_ids(tokenizer, text, r.max_prompt_tokens, f"problem {pid}") for pid, text in prompts.items()
+    }
     reward_dir = resolve_reward_model_dir(cfg)
     cl = cfg.cluster
-    cluster = RayCluster.start(cl.address, cl.num_cpus, num_gpus=cl.devices_per_node if cl.uses_gpus and not cl.address else 0,
-                               num_cpu_devices=0 if cl.uses_gpus else cl.num_devices)
+    cluster = RayCluster.start(
+        cl.address,
+        cl.num_cpus,
+        num_gpus=cl.devices_per_node if cl.uses_gpus and not cl.address else 0,
+        num_cpu_devices=0 if cl.uses_gpus else cl.num_devices,
+    )
     run = None
     try:
         policy_dir = warm_start(cfg, base_dir, train_problems)
         plan = execution_plan(cfg, policy_dir, reward_dir, run_dir)
         runtime = deploy(cfg, cluster, plan, policy_dir)
-        run = Run(cfg, run_dir, tokenizer, train_problems, heldout, prompts, prompt_tokens, runtime,
-                  make_kl_controller(cfg.ppo))
+        run = Run(
+            cfg,
+            run_dir,
+            tokenizer,
+            train_problems,
+            heldout,
+            prompts,
+            prompt_tokens,
+            runtime,
+            make_kl_controller(cfg.ppo),
+        )
         atomic_write_text(run_dir / "placement.json", json.dumps(runtime.placement(), indent=2))
         start = resume_or_begin(run)
         progress = Progress(cfg.run.num_iterations, start)
         for it in range(start, cfg.run.num_iterations):
             metrics = run_iteration(run, it)
-            _log(progress.line(it + 1, f"success {metrics['reward/success']:.3f} | learned {metrics['reward/learned']:+.3f} "
-                                      f"| kl {metrics['kl/mean']:.4f} | len {metrics['response/length']:.1f} "
-                                      f"| steps {metrics['response/num_steps']:.2f} | {metrics['throughput/tokens_per_s']:.0f} tok/s"))
+            _log(
+                progress.line(
+                    it + 1,
+                    f"success {metrics['reward/success']:.3f} | learned {metrics['reward/learned']:+.3f} "
+                    f"| kl {metrics['kl/mean']:.4f} | len {metrics['response/length']:.1f} "
+                    f"| steps {metrics['response/num_steps']:.2f} | {metrics['throughput/tokens_per_s']:.0f} tok/s",
+                )
+            )
         if start >= cfg.run.num_iterations:  # resumed a finished run: no iteration evaluated
             run.last_eval = heldout_success(run, cfg.run.seed)
         after = run.last_eval["heldout/success"]
@@ -199,14 +232,28 @@ def deploy(cfg: TrainConfig, cluster: Any, plan: Any, policy_dir: Path) -> Any:
 
     r = cfg.rollout
     critic_dir = policy_dir if cfg.critic.from_policy else resolve_model_dir(cfg.critic.model)
-    engine_kwargs = dict(model_dir=str(policy_dir), dtype=cfg.model.dtype, seed=cfg.run.seed,
-                         max_model_len=r.max_prompt_tokens + r.max_new_tokens)
+    engine_kwargs = dict(
+        model_dir=str(policy_dir),
+        dtype=cfg.model.dtype,
+        seed=cfg.run.seed,
+        max_model_len=r.max_prompt_tokens + r.max_new_tokens,
+    )
     _log(f"[plan] {plan.source or 'plan'}: " + "; ".join(f"{c} {a.describe()}" for c, a in plan.calls.items()))
     try:
         return PlanRuntime.start(
-            cluster, plan, backend=cfg.cluster.backend, dtype=cfg.model.dtype, seed=cfg.run.seed, ppo=cfg.ppo,
-            num_iterations=cfg.run.num_iterations, temperature=r.temperature, policy_dir=str(policy_dir),
-            critic_dir=str(critic_dir), reward_cfg=cfg.reward, engine_kwargs=engine_kwargs)
+            cluster,
+            plan,
+            backend=cfg.cluster.backend,
+            dtype=cfg.model.dtype,
+            seed=cfg.run.seed,
+            ppo=cfg.ppo,
+            num_iterations=cfg.run.num_iterations,
+            temperature=r.temperature,
+            policy_dir=str(policy_dir),
+            critic_dir=str(critic_dir),
+            reward_cfg=cfg.reward,
+            engine_kwargs=engine_kwargs,
+        )
     except (PlacementError, UnsupportedPlan) as e:
         raise TrainingError(str(e)) from None
 
@@ -247,18 +294,32 @@ def heldout_success(run: Run, seed: int) -> dict[str, float]:
     r = run.cfg.rollout
     template = rollout_template(r.system_prompt, r.prompt_suffix)
 
-    def generate_text(prompts: list[str], *, n: int, temperature: float, top_p: float, max_new_tokens: int,
-                      seed: int, **_: Any):
+    def generate_text(
+        prompts: list[str], *, n: int, temperature: float, top_p: float, max_new_tokens: int, seed: int, **_: Any
+    ):
         ids = [run.tokenizer(t, add_special_tokens=False).input_ids for t in prompts]
-        return run.runtime.generate(ids, n=n, temperature=temperature, top_p=top_p if temperature > 0 else 1.0,
-                                    max_new_tokens=r.max_new_tokens, seed=seed)
+        return run.runtime.generate(
+            ids,
+            n=n,
+            temperature=temperature,
+            top_p=top_p if temperature > 0 else 1.0,
+            max_new_tokens=r.max_new_tokens,
+            seed=seed,
+        )
 
     common = dict(tokenizer=run.tokenizer, max_new_tokens=r.max_new_tokens, seed=seed, log=None)
     greedy = evaluate(generate_text, run.heldout, template, temperature=0.0, **common).summary
     out = {"heldout/success": greedy["accuracy"]["mean"], "heldout/length": greedy["length"]["mean"]}
     if run.cfg.run.num_heldout_samples > 0:
-        sampled = evaluate(generate_text, run.heldout, template, num_samples=run.cfg.run.num_heldout_samples,
-                           temperature=r.temperature, top_p=r.top_p, **common).summary
+        sampled = evaluate(
+            generate_text,
+            run.heldout,
+            template,
+            num_samples=run.cfg.run.num_heldout_samples,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            **common,
+        ).summary
         out["heldout/sampled_success"] = sampled["accuracy"]["mean"]
     run.runtime.drain_events()  # evaluation is not part of the iteration's timeline
     return out
@@ -287,11 +348,19 @@ def run_iteration(run: Run, it: int) -> dict[str, float]:
         run.last_eval = heldout_success(run, cfg.run.seed)
         metrics.update(run.last_eval)
     run.writer.log(it + 1, metrics)
-    run.writer.log_samples(it + 1, [
-        {"question": x.problem.question, "gold": x.problem.answer, "response": x.completion.text,
-         "success": float(scored["reward"].success[i]), "num_steps": int(scored["reward"].num_steps[i])}
-        for i, x in enumerate(rollouts[: cfg.run.num_logged_samples])
-    ])
+    run.writer.log_samples(
+        it + 1,
+        [
+            {
+                "question": x.problem.question,
+                "gold": x.problem.answer,
+                "response": x.completion.text,
+                "success": float(scored["reward"].success[i]),
+                "num_steps": int(scored["reward"].num_steps[i]),
+            }
+            for i, x in enumerate(rollouts[: cfg.run.num_logged_samples])
+        ],
+    )
     checkpoint(run, it)
     plot_curves(run.run_dir)
     return metrics
@@ -301,9 +370,14 @@ def generate(run: Run, it: int) -> list[Rollout]:
     """actor_gen: this iteration's prompts (seeded order, resumable), n samples each."""
     cfg, r = run.cfg, run.cfg.rollout
     problems = iteration_problems(run.train_problems, it, r.num_prompts, cfg.run.seed)
-    outs = run.runtime.generate([run.prompt_tokens[p.id] for p in problems], n=r.num_samples_per_prompt,
-                                temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens,
-                                seed=cfg.run.seed * 100003 + it)
+    outs = run.runtime.generate(
+        [run.prompt_tokens[p.id] for p in problems],
+        n=r.num_samples_per_prompt,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        max_new_tokens=r.max_new_tokens,
+        seed=cfg.run.seed * 100003 + it,
+    )
     return [Rollout(p, run.prompt_tokens[p.id], run.prompts[p.id], c) for p, cs in zip(problems, outs) for c in cs]
 
 
@@ -312,11 +386,20 @@ def score(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, torch.Tensor], d
     logprobs and the critic's values."""
     from rewards.build import RewardSample
 
-    samples = [RewardSample(question=x.problem.question, gold=x.problem.answer, dataset=x.problem.dataset,
-                            prompt_text=x.prompt_text, response_text=x.completion.text,
-                            response_token_ids=list(x.completion.token_ids)) for x in rollouts]
-    batch = pad_batch([x.prompt_ids for x in rollouts], [list(x.completion.token_ids) for x in rollouts],
-                      run.tokenizer.pad_token_id)
+    samples = [
+        RewardSample(
+            question=x.problem.question,
+            gold=x.problem.answer,
+            dataset=x.problem.dataset,
+            prompt_text=x.prompt_text,
+            response_text=x.completion.text,
+            response_token_ids=list(x.completion.token_ids),
+        )
+        for x in rollouts
+    ]
+    batch = pad_batch(
+        [x.prompt_ids for x in rollouts], [list(x.completion.token_ids) for x in rollouts], run.tokenizer.pad_token_id
+    )
     scored = run.runtime.infer(batch, samples)
     run.reward_eta = scored["reward"].metrics.get("reward/eta", run.reward_eta)
     return batch, scored
@@ -332,15 +415,30 @@ def advantages(run: Run, batch: dict[str, torch.Tensor], scored: dict[str, Any])
     scores[:, : token_rewards.shape[1]] = token_rewards[:, : mask.shape[1]]
     ppo = run.cfg.ppo
     scored["scores"] = scores
-    return compute_advantages(scores, scored["old_logprobs"], scored["ref_logprobs"], scored["values"], mask,
-                              run.kl_ctl.value, ppo.gamma, ppo.lam, ppo.whiten_advantages)
+    return compute_advantages(
+        scores,
+        scored["old_logprobs"],
+        scored["ref_logprobs"],
+        scored["values"],
+        mask,
+        run.kl_ctl.value,
+        ppo.gamma,
+        ppo.lam,
+        ppo.whiten_advantages,
+    )
 
 
-def update(run: Run, batch: dict[str, torch.Tensor], scored: dict[str, Any], adv: Any,
-           it: int) -> tuple[dict, dict, dict[str, float]]:
+def update(
+    run: Run, batch: dict[str, torch.Tensor], scored: dict[str, Any], adv: Any, it: int
+) -> tuple[dict, dict, dict[str, float]]:
     """PPO epochs on actor and critic, then reallocation; stops on a non-finite loss."""
-    batch.update(old_logprobs=scored["old_logprobs"], ref_logprobs=scored["ref_logprobs"], values=scored["values"],
-                 advantages=adv.advantages, returns=adv.returns)
+    batch.update(
+        old_logprobs=scored["old_logprobs"],
+        ref_logprobs=scored["ref_logprobs"],
+        values=scored["values"],
+        advantages=adv.advantages,
+        returns=adv.returns,
+    )
     actor_stats, critic_stats, realloc = run.runtime.update(batch, it)
     for k, v in {**actor_stats, **critic_stats}.items():
         if isinstance(v, float) and not math.isfinite(v):
@@ -354,8 +452,15 @@ def update(run: Run, batch: dict[str, torch.Tensor], scored: dict[str, Any], adv
     return actor_stats, critic_stats, realloc
 
 
-def iteration_metrics(run: Run, rollouts: list[Rollout], batch: dict[str, torch.Tensor], scored: dict[str, Any],
-                      adv: Any, actor_stats: dict, critic_stats: dict) -> dict[str, float]:
+def iteration_metrics(
+    run: Run,
+    rollouts: list[Rollout],
+    batch: dict[str, torch.Tensor],
+    scored: dict[str, Any],
+    adv: Any,
+    actor_stats: dict,
+    critic_stats: dict,
+) -> dict[str, float]:
     rb, mask = scored["reward"], batch["response_mask"]
     metrics: dict[str, float] = {
         "reward/success": rb.success.float().mean().item(),
@@ -386,24 +491,37 @@ def call_metrics(run: Run, events: list[Any], t_iter: float, it: int) -> dict[st
 
     spans = call_spans(events, t_iter)
     out = dict(spans)
-    phases = {"generate": ("actor_gen",), "inference": ("actor_inf", "ref_inf", "critic_inf", "rew_inf", "reward"),
-              "train": ("actor_train", "critic_train"), "sync": ("realloc_actor", "realloc_actor_load", "realloc_critic")}
+    phases = {
+        "generate": ("actor_gen",),
+        "inference": ("actor_inf", "ref_inf", "critic_inf", "rew_inf", "reward"),
+        "train": ("actor_train", "critic_train"),
+        "sync": ("realloc_actor", "realloc_actor_load", "realloc_critic"),
+    }
     for phase, calls in phases.items():
         ends = [spans[f"call/{c}/end_s"] for c in calls if f"call/{c}/end_s" in spans]
         starts = [spans[f"call/{c}/start_s"] for c in calls if f"call/{c}/start_s" in spans]
         if ends:
             out[f"time/{phase}"] = max(ends) - min(starts)
     if events:
-        plot_timeline(events, t_iter, run.run_dir / "timeline.png", title=f"iteration {it + 1} ({run.runtime.plan.source})")
+        plot_timeline(
+            events, t_iter, run.run_dir / "timeline.png", title=f"iteration {it + 1} ({run.runtime.plan.source})"
+        )
     return out
 
 
 def checkpoint(run: Run, it: int) -> None:
     cfg = run.cfg
-    if not ((cfg.run.checkpoint_every and (it + 1) % cfg.run.checkpoint_every == 0) or it + 1 == cfg.run.num_iterations):
+    if not (
+        (cfg.run.checkpoint_every and (it + 1) % cfg.run.checkpoint_every == 0) or it + 1 == cfg.run.num_iterations
+    ):
         return
-    state = {"iteration": it + 1, "kl": run.kl_ctl.state_dict(), "heldout_before": run.before, "seed": cfg.run.seed,
-             "reward_eta": run.reward_eta}
+    state = {
+        "iteration": it + 1,
+        "kl": run.kl_ctl.state_dict(),
+        "heldout_before": run.before,
+        "seed": cfg.run.seed,
+        "reward_eta": run.reward_eta,
+    }
 
     def write_parts(d: Path) -> None:
         run.runtime.on_role("actor", "save_checkpoint", str(d / "policy"))

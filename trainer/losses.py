@@ -8,6 +8,7 @@ gives exactly the full-minibatch loss. Stats use the same denominator and sum ac
 References: Schulman et al. 2017 (PPO-clip), cleanrl ``ppo.py`` (policy/value loss, approx_kl,
 clipfrac), torchtune ``rlhf/loss/ppo.py``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -175,8 +176,9 @@ def value_loss(
         loss_BT = (values_BT - returns_BT) ** 2
         loss = 0.5 * _token_mean(loss_BT, mask_BT, num_tokens)
         with torch.no_grad():
-            stats = ValueLossStats(clip_frac=torch.zeros((), device=values_BT.device),
-                                   values=_token_mean(values_BT, mask_BT, num_tokens))
+            stats = ValueLossStats(
+                clip_frac=torch.zeros((), device=values_BT.device), values=_token_mean(values_BT, mask_BT, num_tokens)
+            )
         return loss, stats
     values_clipped_BT = old_values_BT + torch.clamp(values_BT - old_values_BT, -clip_eps, clip_eps)
     loss_unclipped_BT = (values_BT - returns_BT) ** 2

@@ -1,4 +1,5 @@
 """Run outputs: metrics JSONL, TensorBoard events, sample generations, a PNG of the key curves, progress."""
+
 from __future__ import annotations
 
 import json
@@ -31,8 +32,11 @@ class MetricsWriter:
         self.samples_path = run_dir / "samples.jsonl"
         if resume_from_iteration is not None and self.path.exists():
             # Drop rows past the checkpoint we resume from: they will be recomputed.
-            kept = [l for l in self.path.read_text().splitlines()
-                    if l.strip() and json.loads(l).get("iteration", -1) <= resume_from_iteration]
+            kept = [
+                l
+                for l in self.path.read_text().splitlines()
+                if l.strip() and json.loads(l).get("iteration", -1) <= resume_from_iteration
+            ]
             atomic_write_text(self.path, "".join(k + "\n" for k in kept))
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -91,8 +95,14 @@ def start_wandb(run_dir: Path, environ: Any = None):
 
         config = OmegaConf.to_container(OmegaConf.load(hydra_config))
     run_id = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
-    return wandb.init(project=environ.get("WANDB_PROJECT", "realm"), name=run_dir.name, id=run_id, resume="allow",
-                      dir=str(run_dir), config=config)
+    return wandb.init(
+        project=environ.get("WANDB_PROJECT", "realm"),
+        name=run_dir.name,
+        id=run_id,
+        resume="allow",
+        dir=str(run_dir),
+        config=config,
+    )
 
 
 def _plain(v: Any) -> Any:
@@ -129,7 +139,7 @@ def plot_curves(run_dir: Path, out: Path | None = None) -> Path | None:
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("iteration")
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(present):]:
+    for ax in list(axes.flat)[len(present) :]:
         ax.axis("off")
     fig.tight_layout()
     return atomic_save_figure(fig, out or run_dir / "curves.png", dpi=90)
@@ -144,5 +154,12 @@ class Progress:
         self.t0 = time.monotonic()
 
     def line(self, done: int, extra: str = "") -> str:
-        return progress_line(done, self.total, time.monotonic() - self.t0, f"[{self.label}]", self.label,
-                             initial=self.start, postfix=extra)
+        return progress_line(
+            done,
+            self.total,
+            time.monotonic() - self.t0,
+            f"[{self.label}]",
+            self.label,
+            initial=self.start,
+            postfix=extra,
+        )

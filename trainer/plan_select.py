@@ -21,6 +21,7 @@ Whatever its source, the plan is checked against the cluster (nodes, devices per
 configured models (heads, kv heads and vocabulary divisible by tp, layers by pp) before anything
 starts, and errors name the file, the call and the field. Pure: no Ray, no torch.distributed.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,8 +46,15 @@ PUBLIC_REWARD_MODEL_SHAPES = {
     # Mistral-7B-v0.1's config.json shape; Math-Shepherd's PRM is that model fine-tuned (the PRM the
     # reward paper recipes name). Lets the dry run plan calls.rew_inf without downloading it.
     "peiyi9979/math-shepherd-mistral-7b-prm": ModelSpec(
-        num_layers=32, hidden_size=4096, intermediate_size=14336, num_heads=32, num_kv_heads=8, head_dim=128,
-        vocab_size=32000, tie_word_embeddings=False),
+        num_layers=32,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        vocab_size=32000,
+        tie_word_embeddings=False,
+    ),
 }
 """Hub id -> shape, for reward models whose config.json is not on this machine."""
 
@@ -60,8 +68,11 @@ def spec_from_config_json(path: Path) -> ModelSpec:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise PlanError(f"{path}: cannot read the model's shape ({e})") from None
-    missing = [k for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-                           "vocab_size") if k not in config]
+    missing = [
+        k
+        for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+        if k not in config
+    ]
     if missing:
         raise PlanError(f"{path}: no {missing[0]} (not a Llama/Qwen2 config.json)")
     return ModelSpec.from_hf_config(SimpleNamespace(**config))
@@ -80,15 +91,25 @@ def model_spec(model: ModelConfig, model_dir: Path | None = None, *, key: str = 
         return ModelSpec.from_hf_config(SimpleNamespace(**vars(model.shape)))
     if model.source == ModelSource.tiny:
         t = model.tiny
-        return ModelSpec.from_hf_config(SimpleNamespace(
-            model_type=t.arch.value, num_hidden_layers=t.num_layers, hidden_size=t.hidden_size,
-            intermediate_size=t.intermediate_size, num_attention_heads=t.num_heads, num_key_value_heads=t.num_kv_heads,
-            vocab_size=t.vocab_size, tie_word_embeddings=True))
+        return ModelSpec.from_hf_config(
+            SimpleNamespace(
+                model_type=t.arch.value,
+                num_hidden_layers=t.num_layers,
+                hidden_size=t.hidden_size,
+                intermediate_size=t.intermediate_size,
+                num_attention_heads=t.num_heads,
+                num_key_value_heads=t.num_kv_heads,
+                vocab_size=t.vocab_size,
+                tie_word_embeddings=True,
+            )
+        )
     local = Path(model.path).expanduser() / "config.json"
     if model.source == ModelSource.hf and local.exists():
         return spec_from_config_json(local)
-    raise PlanError(f"{key}: the shape of {model.name!r} ({model.path}) is unknown here: give {key}.shape "
-                    f"(the num_hidden_layers, hidden_size, ... of its config.json) or a local {key}.path")
+    raise PlanError(
+        f"{key}: the shape of {model.name!r} ({model.path}) is unknown here: give {key}.shape "
+        f"(the num_hidden_layers, hidden_size, ... of its config.json) or a local {key}.path"
+    )
 
 
 def reward_spec(cfg: TrainConfig, reward_dir: Path | None = None) -> ModelSpec | None:
@@ -112,12 +133,15 @@ def reward_spec(cfg: TrainConfig, reward_dir: Path | None = None) -> ModelSpec |
         return spec_from_config_json(Path(cached))
     if path in PUBLIC_REWARD_MODEL_SHAPES:
         return PUBLIC_REWARD_MODEL_SHAPES[path]
-    raise PlanError(f"reward.model.path={path}: no config.json here to read its shape from (calls.rew_inf needs "
-                    f"it); fetch it first, e.g. huggingface-cli download {path} config.json")
+    raise PlanError(
+        f"reward.model.path={path}: no config.json here to read its shape from (calls.rew_inf needs "
+        f"it); fetch it first, e.g. huggingface-cli download {path} config.json"
+    )
 
 
-def model_specs(cfg: TrainConfig, *, actor_dir: Path | None = None, critic_dir: Path | None = None,
-                reward_dir: Path | None = None) -> dict[str, ModelSpec]:
+def model_specs(
+    cfg: TrainConfig, *, actor_dir: Path | None = None, critic_dir: Path | None = None, reward_dir: Path | None = None
+) -> dict[str, ModelSpec]:
     """Model name -> shape, as ``ExecutionPlan.validate`` and the cost model take them."""
     actor = model_spec(cfg.model, actor_dir)
     critic = actor if cfg.critic.from_policy else model_spec(cfg.critic.model, critic_dir, key="critic.model")
@@ -133,9 +157,14 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec]):
     from reallocation.estimator import Workload
 
     r = cfg.rollout
-    return Workload(actor=specs["actor"], critic=specs["critic"], reward=specs.get("reward"),
-                    batch=r.num_prompts * r.num_samples_per_prompt, prompt_len=r.max_prompt_tokens,
-                    gen_len=r.max_new_tokens)
+    return Workload(
+        actor=specs["actor"],
+        critic=specs["critic"],
+        reward=specs.get("reward"),
+        batch=r.num_prompts * r.num_samples_per_prompt,
+        prompt_len=r.max_prompt_tokens,
+        gen_len=r.max_new_tokens,
+    )
 
 
 # ----------------------------------------------------------------------------------------------- rules
@@ -176,16 +205,30 @@ def heuristic_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec], *, rows:
         actor_side, critic_side = everything[:split], everything[split:]
     else:
         actor_side = critic_side = everything
-    mesh = {"actor_gen": everything, "ref_inf": actor_side, "actor_train": actor_side,
-            "critic_inf": critic_side, "critic_train": critic_side, "rew_inf": critic_side}
+    mesh = {
+        "actor_gen": everything,
+        "ref_inf": actor_side,
+        "actor_train": actor_side,
+        "critic_inf": critic_side,
+        "critic_train": critic_side,
+        "rew_inf": critic_side,
+    }
 
     def allocation(call: str, spec: ModelSpec) -> CallAllocation:
         devices, train = mesh[call], call.endswith("_train")
         dp = len(devices)
-        waves = (_generation_waves(spec, 1, rows // dp, seq_len, gpu) if call == "actor_gen"
-                 else _microbatches(rows // dp, seq_len, gpu))
-        return CallAllocation(devices=devices, dp=dp, num_microbatches=waves,
-                              activation_checkpointing=train and gpu, offload=call in ("ref_inf", "rew_inf") and gpu)
+        waves = (
+            _generation_waves(spec, 1, rows // dp, seq_len, gpu)
+            if call == "actor_gen"
+            else _microbatches(rows // dp, seq_len, gpu)
+        )
+        return CallAllocation(
+            devices=devices,
+            dp=dp,
+            num_microbatches=waves,
+            activation_checkpointing=train and gpu,
+            offload=call in ("ref_inf", "rew_inf") and gpu,
+        )
 
     calls = {c: allocation(c, specs[CALL_MODEL[c]]) for c in CALLS if CALL_MODEL[c] in specs}
     return ExecutionPlan(cluster.num_nodes, per_node, calls, source="heuristic")
@@ -200,8 +243,10 @@ def disjoint_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec]) -> Execut
         roles.append(("rew_inf",))
     n = cluster.num_devices
     if n < len(roles):
-        raise PlanError(f"cluster.plan=disjoint: {len(roles)} roles need {len(roles)} devices, the cluster has {n} "
-                        f"(cluster.num_nodes={cluster.num_nodes} x cluster.devices_per_node={cluster.devices_per_node})")
+        raise PlanError(
+            f"cluster.plan=disjoint: {len(roles)} roles need {len(roles)} devices, the cluster has {n} "
+            f"(cluster.num_nodes={cluster.num_nodes} x cluster.devices_per_node={cluster.devices_per_node})"
+        )
     share = n // len(roles)
     sizes = [share + n - share * len(roles)] + [share] * (len(roles) - 1)
     calls, first = {}, 0
@@ -221,13 +266,19 @@ def check_plan(plan: ExecutionPlan, cluster: ClusterConfig, specs: dict[str, Mod
     if plan.num_nodes != cluster.num_nodes:
         raise PlanError(f"{where}: num_nodes={plan.num_nodes} but cluster.num_nodes={cluster.num_nodes}")
     if plan.gpus_per_node != cluster.devices_per_node:
-        raise PlanError(f"{where}: gpus_per_node={plan.gpus_per_node} but "
-                        f"cluster.devices_per_node={cluster.devices_per_node}")
+        raise PlanError(
+            f"{where}: gpus_per_node={plan.gpus_per_node} but cluster.devices_per_node={cluster.devices_per_node}"
+        )
     plan.validate(specs, where=where)
 
 
-def resolve_plan(cfg: TrainConfig, specs: dict[str, ModelSpec], *, run_dir: Path | None = None,
-                 log: Callable[[str], None] | None = None) -> ExecutionPlan:
+def resolve_plan(
+    cfg: TrainConfig,
+    specs: dict[str, ModelSpec],
+    *,
+    run_dir: Path | None = None,
+    log: Callable[[str], None] | None = None,
+) -> ExecutionPlan:
     """The execution plan ``cfg.cluster.plan`` names, validated against the cluster and ``specs``.
 
     With ``run_dir``, the plan is also written there as ``plan.yaml`` (a searched plan is only
@@ -249,8 +300,9 @@ def resolve_plan(cfg: TrainConfig, specs: dict[str, ModelSpec], *, run_dir: Path
         try:
             plan, _ = search_plan(workload(cfg, specs), hw, seconds=cl.plan_search_seconds, seed=cfg.run.seed)
         except NoFitError as e:
-            raise PlanError(f"cluster.plan=search: {e}; cluster.plan=heuristic may fit (check it with "
-                            "run.dry_run=true)") from None
+            raise PlanError(
+                f"cluster.plan=search: {e}; cluster.plan=heuristic may fit (check it with run.dry_run=true)"
+            ) from None
         where = "cluster.plan=search"
     else:
         plan = ExecutionPlan.load(cl.plan)
@@ -268,8 +320,11 @@ def _mesh(plan: ExecutionPlan, alloc: CallAllocation) -> str:
     """``node 0 devices 0-7``: where a call runs."""
     nodes = sorted({plan.node_of(d) for d in alloc.devices})
     devs = list(alloc.devices)
-    span = f"{devs[0]}-{devs[-1]}" if devs == list(range(devs[0], devs[-1] + 1)) and len(devs) > 1 else \
-        ",".join(map(str, devs))
+    span = (
+        f"{devs[0]}-{devs[-1]}"
+        if devs == list(range(devs[0], devs[-1] + 1)) and len(devs) > 1
+        else ",".join(map(str, devs))
+    )
     where = f"node {nodes[0]}" if len(nodes) == 1 else f"nodes {nodes[0]}-{nodes[-1]}"
     return f"{where} devices {span}"
 
@@ -290,20 +345,27 @@ def dry_run_report(cfg: TrainConfig, run_dir: Path | None = None) -> list[str]:
     w = workload(cfg, specs)
     cost = estimate_plan(plan, w, hardware(cl.hardware, cl.num_nodes, cl.devices_per_node))
     gib = float(1 << 30)
-    lines = [f"cluster: {cl.num_nodes} x {cl.devices_per_node} {cl.hardware}; plan: {plan.source}; model "
-             f"{cfg.model.name}; {w.batch} sequences x ({w.prompt_len} prompt + {w.gen_len} new) tokens per iteration"]
+    lines = [
+        f"cluster: {cl.num_nodes} x {cl.devices_per_node} {cl.hardware}; plan: {plan.source}; model "
+        f"{cfg.model.name}; {w.batch} sequences x ({w.prompt_len} prompt + {w.gen_len} new) tokens per iteration"
+    ]
     for call, alloc in plan.calls.items():
         resident, active = call_memory(call, w.spec(call), alloc, w)
         peak = max(cost.peak_bytes_per_device.get(d, 0.0) for d in alloc.devices)
-        lines.append(f"  {call:<13} {_mesh(plan, alloc):<26} {alloc.describe().split(' ', 1)[1]:<24} "
-                     f"{cost.call_seconds[call]:8.2f} s  {(resident + active) / gib:6.1f} GiB/device "
-                     f"(peak {peak / gib:.1f})")
+        lines.append(
+            f"  {call:<13} {_mesh(plan, alloc):<26} {alloc.describe().split(' ', 1)[1]:<24} "
+            f"{cost.call_seconds[call]:8.2f} s  {(resident + active) / gib:6.1f} GiB/device "
+            f"(peak {peak / gib:.1f})"
+        )
     lines.append(f"  reallocation {cost.realloc_seconds:.2f} s per iteration; calls on disjoint devices overlap")
     if not cost.fits:
-        lines.append(f"warning: the fullest device needs {cost.overflow_bytes / gib:.1f} GiB more than a "
-                     f"{cl.hardware} has")
+        lines.append(
+            f"warning: the fullest device needs {cost.overflow_bytes / gib:.1f} GiB more than a {cl.hardware} has"
+        )
     if run_dir is not None:
         lines.append(f"written: {Path(run_dir) / PLAN_FILE} (run it with cluster.plan=<that path>)")
-    lines.append(f"plan: {plan.num_devices} devices, predicted {cost.seconds_per_iteration:.2f} s/iteration, "
-                 f"peak {cost.peak_bytes / gib:.1f} GiB/device")
+    lines.append(
+        f"plan: {plan.num_devices} devices, predicted {cost.seconds_per_iteration:.2f} s/iteration, "
+        f"peak {cost.peak_bytes / gib:.1f} GiB/device"
+    )
     return lines

@@ -9,6 +9,7 @@ logits at column P + j - 1::
     position_ids   [B, P + T]   cumsum(attention_mask) - 1, so left padding does not shift positions
     response_mask  [B, T]       1 on real response tokens
 """
+
 from __future__ import annotations
 
 import random

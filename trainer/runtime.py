@@ -24,6 +24,7 @@ its start and end per device (``Event``) for the metrics and the timeline pictur
 Supported layouts: dp only (FSDP for training, replicas for inference and generation); a plan with
 tp > 1 or pp > 1 is rejected at start naming the call.
 """
+
 from __future__ import annotations
 
 import os
@@ -59,15 +60,20 @@ def check_supported(plan: ExecutionPlan) -> None:
     for name, alloc in plan.calls.items():
         for knob in ("tp", "pp"):
             if getattr(alloc, knob) != 1:
-                raise UnsupportedPlan(f"{plan.origin or 'plan'}: calls.{name}.{knob}={getattr(alloc, knob)}: the plan "
-                                    "runtime runs dp layouts only (FSDP training, replicated inference/generation)")
+                raise UnsupportedPlan(
+                    f"{plan.origin or 'plan'}: calls.{name}.{knob}={getattr(alloc, knob)}: the plan "
+                    "runtime runs dp layouts only (FSDP training, replicated inference/generation)"
+                )
 
 
 def mesh_groups(plan: ExecutionPlan) -> list[tuple[int, ...]]:
     """Every device set that needs a process group, sorted: training meshes and reallocation unions."""
     calls = plan.calls
-    groups = {tuple(sorted(calls["actor_train"].devices)), tuple(sorted(calls["critic_train"].devices)),
-              _union(calls["actor_train"], calls["actor_gen"])}
+    groups = {
+        tuple(sorted(calls["actor_train"].devices)),
+        tuple(sorted(calls["critic_train"].devices)),
+        _union(calls["actor_train"], calls["actor_gen"]),
+    }
     if critic_needs_realloc(plan):
         groups.add(_union(calls["critic_train"], calls["critic_inf"]))
     return sorted(groups)
@@ -123,17 +129,29 @@ class DeviceWorker:
     (all workers, same order: ``new_group`` is collective), then builds the workers of its roles.
     """
 
-    def __init__(self, device: int, devices: Sequence[int], master_addr: str, master_port: int, backend: str,
-                 groups: Sequence[tuple[int, ...]], dtype: str,
-                 builders: Mapping[str, tuple[type, dict, tuple[int, ...] | None]]):
+    def __init__(
+        self,
+        device: int,
+        devices: Sequence[int],
+        master_addr: str,
+        master_port: int,
+        backend: str,
+        groups: Sequence[tuple[int, ...]],
+        dtype: str,
+        builders: Mapping[str, tuple[type, dict, tuple[int, ...] | None]],
+    ):
         import torch.distributed as dist
 
         from trainer.workers import Ranks
 
         self.device, self.devices = device, tuple(devices)
         self.rank_of = {d: i for i, d in enumerate(self.devices)}
-        dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}",
-                                rank=self.rank_of[device], world_size=len(self.devices))
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=self.rank_of[device],
+            world_size=len(self.devices),
+        )
         self.groups = {g: dist.new_group([self.rank_of[d] for d in g]) for g in groups}
         self.backend, self.dtype = backend, dtype
         self.workers: dict[str, Any] = {}
@@ -147,8 +165,9 @@ class DeviceWorker:
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.workers[role], method)(*args, **kwargs)
 
-    def reallocate(self, src_role: str, dst_role: str, src_devices: Sequence[int], dst_devices: Sequence[int],
-                   to_engine: bool) -> tuple[Any, tuple[dict[str, int], float, float]]:
+    def reallocate(
+        self, src_role: str, dst_role: str, src_devices: Sequence[int], dst_devices: Sequence[int], to_engine: bool
+    ) -> tuple[Any, tuple[dict[str, int], float, float]]:
         """Move ``src_role``'s training shards to full replicas on ``dst_devices`` (collective over
         the union of both meshes). A destination keeps what it already holds and receives the rest.
 
@@ -183,8 +202,11 @@ class DeviceWorker:
                 for name, tensor in pairs:
                     params[name].copy_(tensor)
         itemsizes = {n: wire[n].itemsize for n in wire}
-        counts = {"bytes_received": stats.bytes_received, "bytes_sent": stats.bytes_sent,
-                  "lower_bound": lower_bound_bytes(src.holdings, dst, src.shapes, itemsizes)}
+        counts = {
+            "bytes_received": stats.bytes_received,
+            "bytes_sent": stats.bytes_sent,
+            "lower_bound": lower_bound_bytes(src.holdings, dst, src.shapes, itemsizes),
+        }
         return weights, (counts, start, time.time())
 
     def workers_dtype(self) -> torch.dtype:
@@ -210,9 +232,22 @@ class PlanRuntime:
         self.engines_sleep = False
 
     @classmethod
-    def start(cls, cluster: Any, plan: ExecutionPlan, *, backend: str, dtype: str, seed: int, ppo: Any,
-              num_iterations: int, temperature: float, policy_dir: str, critic_dir: str, reward_cfg: Any,
-              engine_kwargs: dict[str, Any]) -> PlanRuntime:
+    def start(
+        cls,
+        cluster: Any,
+        plan: ExecutionPlan,
+        *,
+        backend: str,
+        dtype: str,
+        seed: int,
+        ppo: Any,
+        num_iterations: int,
+        temperature: float,
+        policy_dir: str,
+        critic_dir: str,
+        reward_cfg: Any,
+        engine_kwargs: dict[str, Any],
+    ) -> PlanRuntime:
         """Place one DeviceWorker per plan device (one placement group), build every model shard,
         start the vLLM engines beside the generation devices and the reward function."""
         from models.vllm_engine import VLLMEngine
@@ -226,15 +261,31 @@ class PlanRuntime:
         train_kw = dict(ppo=ppo, num_iterations=num_iterations, **common)
         reward_kwargs = dict(reward_cfg=reward_cfg, tokenizer_dir=policy_dir)
         recipes: dict[str, tuple[type, dict, tuple[int, ...] | None]] = {
-            "actor": (PolicyWorker, dict(model_dir=policy_dir, temperature=temperature, **train_kw,
-                                         activation_checkpointing=calls["actor_train"].activation_checkpointing),
-                      calls["actor_train"].devices),
-            "critic": (CriticWorker, dict(model_dir=critic_dir, **train_kw,
-                                          activation_checkpointing=calls["critic_train"].activation_checkpointing),
-                       calls["critic_train"].devices),
+            "actor": (
+                PolicyWorker,
+                dict(
+                    model_dir=policy_dir,
+                    temperature=temperature,
+                    **train_kw,
+                    activation_checkpointing=calls["actor_train"].activation_checkpointing,
+                ),
+                calls["actor_train"].devices,
+            ),
+            "critic": (
+                CriticWorker,
+                dict(
+                    model_dir=critic_dir,
+                    **train_kw,
+                    activation_checkpointing=calls["critic_train"].activation_checkpointing,
+                ),
+                calls["critic_train"].devices,
+            ),
             "critic_inf": (CriticWorker, dict(model_dir=critic_dir, **train_kw), ()),
-            "ref": (RefWorker, dict(model_dir=policy_dir, temperature=temperature, offload=calls["ref_inf"].offload,
-                                    **common), ()),
+            "ref": (
+                RefWorker,
+                dict(model_dir=policy_dir, temperature=temperature, offload=calls["ref_inf"].offload, **common),
+                (),
+            ),
             "reward": (RewardWorker, {**reward_kwargs, "device": "cuda" if backend == "nccl" else "cpu"}, None),
         }
         port, groups = pool.free_port(), mesh_groups(plan)
@@ -244,8 +295,16 @@ class PlanRuntime:
             for role in roles_on(plan, device):
                 worker_cls, kwargs, mesh = recipes[role]
                 builders[role] = (worker_cls, kwargs, (device,) if mesh == () else mesh)
-            return dict(device=device, devices=devices, master_addr=pool.master_addr, master_port=port,
-                        backend=backend, groups=groups, dtype=dtype, builders=builders)
+            return dict(
+                device=device,
+                devices=devices,
+                master_addr=pool.master_addr,
+                master_port=port,
+                backend=backend,
+                groups=groups,
+                dtype=dtype,
+                builders=builders,
+            )
 
         pool.build(DeviceWorker, kwargs_of)
         gen = set(calls["actor_gen"].devices)
@@ -253,8 +312,9 @@ class PlanRuntime:
             engine_kwargs = {**engine_kwargs, "kv_cache_gib": max(0.25, 1.0 / len(gen))}
         # On GPUs that training also uses, vLLM frees its memory between generations (sleep mode).
         sleeps = backend == "nccl" and any(gen & set(a.devices) for c, a in calls.items() if c != "actor_gen")
-        pool.add_companions("engine", sorted(gen), VLLMEngine,
-                            {**engine_kwargs, "enable_sleep_mode": True} if sleeps else engine_kwargs)
+        pool.add_companions(
+            "engine", sorted(gen), VLLMEngine, {**engine_kwargs, "enable_sleep_mode": True} if sleeps else engine_kwargs
+        )
         if "rew_inf" in calls:
             reward: tuple[str, Any] = ("device", calls["rew_inf"].devices[0])
         else:  # the grader alone: no model, no device
@@ -286,8 +346,10 @@ class PlanRuntime:
 
         num = len(self.gen_devices)
         chunks = [ids[i::num] for i in range(num)]
-        futures = [self.pool.submit_companion("engine", d, "generate", chunk, **sampling)
-                   for d, chunk in zip(self.gen_devices, chunks)]
+        futures = [
+            self.pool.submit_companion("engine", d, "generate", chunk, **sampling)
+            for d, chunk in zip(self.gen_devices, chunks)
+        ]
         outs = self._gather("actor_gen", self.gen_devices, futures)
         if self.engines_sleep:  # GPU only: give the memory back to training until the next call
             wait([self.pool.submit_companion("engine", d, "sleep") for d in self.gen_devices])
@@ -306,8 +368,14 @@ class PlanRuntime:
         """Submit ``method`` on each device of ``alloc`` with its row slice of ``batch``."""
         devices = list(alloc.devices)
         parts = _row_slices(batch, len(devices))
-        return call, devices, [self.pool.submit(d, "call", role, method, part, alloc.num_microbatches)
-                               for d, part in zip(devices, parts)]
+        return (
+            call,
+            devices,
+            [
+                self.pool.submit(d, "call", role, method, part, alloc.num_microbatches)
+                for d, part in zip(devices, parts)
+            ],
+        )
 
     def infer(self, batch: Mapping[str, torch.Tensor], samples: list[Any]) -> dict[str, Any]:
         """Reward, old logprobs (actor_train's devices), reference logprobs and values, all submitted
@@ -330,8 +398,10 @@ class PlanRuntime:
         """actor_train and critic_train (concurrent on disjoint meshes), then the reallocations that
         the next iteration's calls need. Returns (actor stats, critic stats, reallocation metrics)."""
         calls = self.plan.calls
-        pending = [self._submit_update("actor_train", "actor", calls["actor_train"], batch, iteration),
-                   self._submit_update("critic_train", "critic", calls["critic_train"], batch, iteration)]
+        pending = [
+            self._submit_update("actor_train", "actor", calls["actor_train"], batch, iteration),
+            self._submit_update("critic_train", "critic", calls["critic_train"], batch, iteration),
+        ]
         realloc = [self._submit_realloc("actor", calls["actor_train"], calls["actor_gen"], to_engine=True)]
         if critic_needs_realloc(self.plan):
             realloc.append(self._submit_realloc("critic", calls["critic_train"], calls["critic_inf"], to_engine=False))
@@ -341,17 +411,29 @@ class PlanRuntime:
             metrics.update(self._finish_realloc(name, *gathered))
         return actor_stats, critic_stats, metrics
 
-    def _submit_update(self, call: str, role: str, alloc: CallAllocation, batch: Mapping[str, torch.Tensor],
-                       iteration: int):
+    def _submit_update(
+        self, call: str, role: str, alloc: CallAllocation, batch: Mapping[str, torch.Tensor], iteration: int
+    ):
         from trainer.batch import num_rows, select, update_rows, update_seed
 
         devices = list(alloc.devices)
-        rows, sizes = update_rows(num_rows(batch), self.ppo.num_epochs, self.ppo.num_minibatches, len(devices),
-                                  update_seed(self.seed, iteration))
+        rows, sizes = update_rows(
+            num_rows(batch),
+            self.ppo.num_epochs,
+            self.ppo.num_minibatches,
+            len(devices),
+            update_seed(self.seed, iteration),
+        )
         # Every rank runs the same number of micro-batches (FSDP's collectives pair up), at most one per row.
         num_micro = min([alloc.num_microbatches] + [n for s in sizes for n in s])
-        return call, devices, [self.pool.submit(d, "call", role, "update", select(batch, r), s, num_micro)
-                               for d, r, s in zip(devices, rows, sizes)]
+        return (
+            call,
+            devices,
+            [
+                self.pool.submit(d, "call", role, "update", select(batch, r), s, num_micro)
+                for d, r, s in zip(devices, rows, sizes)
+            ],
+        )
 
     def _submit_realloc(self, role: str, src: CallAllocation, dst: CallAllocation, *, to_engine: bool):
         """Start ``role``'s reallocation from ``src``'s layout to replicas on ``dst``'s devices; with
@@ -377,7 +459,10 @@ class PlanRuntime:
         for device, (_, start, end) in zip([d for d, _ in loads], wait([f for _, f in loads])):
             self.events.append(Event(f"{call}_load", device, start, end))
         moved = sum(c["bytes_received"] for c in counts)
-        return {f"realloc/{role}/bytes_moved": float(moved), f"realloc/{role}/lower_bound_bytes": float(counts[0]["lower_bound"])}
+        return {
+            f"realloc/{role}/bytes_moved": float(moved),
+            f"realloc/{role}/lower_bound_bytes": float(counts[0]["lower_bound"]),
+        }
 
     # -- whole-model operations ----------------------------------------------------------------
 
@@ -407,8 +492,10 @@ class PlanRuntime:
     def placement(self) -> dict[str, Any]:
         """Where every device worker sits (reported from inside it) and what it hosts."""
         where = self.pool.where()
-        return {str(d): {**where[d], "roles": roles_on(self.plan, d) + (["engine"] if d in self.gen_devices else [])}
-                for d in self.pool.devices}
+        return {
+            str(d): {**where[d], "roles": roles_on(self.plan, d) + (["engine"] if d in self.gen_devices else [])}
+            for d in self.pool.devices
+        }
 
     def shutdown(self) -> None:
         self.pool.shutdown()

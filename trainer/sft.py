@@ -6,6 +6,7 @@ and the EOS token (``<|im_end|>`` for the chat models here). Batches use the rol
 (``trainer/batch.py``): the solution + EOS is the "response", so ``response_mask`` is the label
 mask and the loss is the mean NLL of response tokens; prompt and padding are never trained on.
 """
+
 from __future__ import annotations
 
 import random
@@ -51,7 +52,10 @@ def sft_batches(
 
 
 def run_sft(
-    cfg: TrainConfig, base_dir: Path, train: Sequence[Problem], out_dir: Path,
+    cfg: TrainConfig,
+    base_dir: Path,
+    train: Sequence[Problem],
+    out_dir: Path,
     log: Callable[[str], None] | None = None,
 ) -> None:
     """``cfg.sft.num_steps`` SFT steps from ``base_dir`` on ``train``; writes an HF directory to ``out_dir``.

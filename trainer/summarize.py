@@ -10,6 +10,7 @@ iterations, one line per reward option).
 summarizes those copies, so that a committed ``DIR`` holds the data behind its table:
 ``python -m trainer.summarize DIR/runs --out DIR`` regenerates summary.md and summary.json byte for byte.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -110,8 +111,9 @@ def export_runs(root: Path, out: Path) -> list[Path]:
         if samples_path.exists():
             samples = [json.loads(line) for line in samples_path.read_text().splitlines() if line.strip()]
             last = max((s["iteration"] for s in samples), default=None)
-            atomic_write_text(copy / "samples.jsonl",
-                              "".join(json.dumps(s) + "\n" for s in samples if s["iteration"] == last))
+            atomic_write_text(
+                copy / "samples.jsonl", "".join(json.dumps(s) + "\n" for s in samples if s["iteration"] == last)
+            )
         copies.append(copy)
     return copies
 
@@ -138,11 +140,25 @@ def write_summary(root: Path, out: Path) -> tuple[Path, Path | None]:
     for row in rows:
         by_reward[row["reward"]].append(row)
     order = [r for r in REWARD_ORDER if r in by_reward] + sorted(set(by_reward) - set(REWARD_ORDER))
-    cols = ["greedy_before", "greedy_after", "sampled_after", "steps_first", "steps_last", "length_first",
-            "length_last", "success_mean", "learned_mean", "step_score_mean", "orm_score_mean", "kl_last"]
-    header = ("| reward | seeds | held-out greedy before | after | held-out sampled after | steps/resp first | last "
-              "| resp length first | last | success reward (mean) | learned reward (mean) | PRM step score (mean) "
-              "| ORM score (mean) | KL (last) |")
+    cols = [
+        "greedy_before",
+        "greedy_after",
+        "sampled_after",
+        "steps_first",
+        "steps_last",
+        "length_first",
+        "length_last",
+        "success_mean",
+        "learned_mean",
+        "step_score_mean",
+        "orm_score_mean",
+        "kl_last",
+    ]
+    header = (
+        "| reward | seeds | held-out greedy before | after | held-out sampled after | steps/resp first | last "
+        "| resp length first | last | success reward (mean) | learned reward (mean) | PRM step score (mean) "
+        "| ORM score (mean) | KL (last) |"
+    )
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
     for name in order:
         group = by_reward[name]
@@ -164,10 +180,16 @@ def _plot(runs: list[Path], rows: list[dict[str, Any]], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = [("heldout/success", "held-out success (greedy)"), ("response/num_steps", "steps per response"),
-              ("response/length", "response length (tokens)"), ("reward/success", "train success"),
-              ("reward/learned", "learned reward per response"), ("heldout/sampled_success", "held-out success (sampled)"),
-              ("reward/step_score", "mean PRM step score"), ("kl/mean", "KL per response")]
+    panels = [
+        ("heldout/success", "held-out success (greedy)"),
+        ("response/num_steps", "steps per response"),
+        ("response/length", "response length (tokens)"),
+        ("reward/success", "train success"),
+        ("reward/learned", "learned reward per response"),
+        ("heldout/sampled_success", "held-out success (sampled)"),
+        ("reward/step_score", "mean PRM step score"),
+        ("kl/mean", "KL per response"),
+    ]
     fig, axes = plt.subplots(2, 4, figsize=(19, 7.5))
     colors = dict(zip(REWARD_ORDER, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     by_reward: dict[str, list[list[dict[str, Any]]]] = defaultdict(list)
@@ -182,8 +204,15 @@ def _plot(runs: list[Path], rows: list[dict[str, Any]], path: Path) -> Path:
                     ax.plot(list(curve), list(curve.values()), color=color, alpha=0.25, linewidth=0.8)
             shared = sorted(set.intersection(*(set(c) for c in curves)))
             if shared:
-                ax.plot(shared, [statistics.fmean(c[i] for c in curves) for i in shared], marker="o", markersize=2.5,
-                        color=color, linewidth=1.8, label=f"{reward} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
+                ax.plot(
+                    shared,
+                    [statistics.fmean(c[i] for c in curves) for i in shared],
+                    marker="o",
+                    markersize=2.5,
+                    color=color,
+                    linewidth=1.8,
+                    label=f"{reward} ({len(curves)} seed{'s' if len(curves) > 1 else ''})",
+                )
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("iteration")
             ax.grid(alpha=0.3)
@@ -196,8 +225,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("root", type=Path, help="a Hydra multirun directory (or any folder of run directories)")
     ap.add_argument("--out", type=Path, default=None, help="where to write summary.md/curves.png (default: root)")
-    ap.add_argument("--export", action="store_true",
-                    help="copy the finished runs compactly to OUT/runs/ and summarize the copies (needs --out)")
+    ap.add_argument(
+        "--export",
+        action="store_true",
+        help="copy the finished runs compactly to OUT/runs/ and summarize the copies (needs --out)",
+    )
     args = ap.parse_args()
     root = args.root
     if args.export:

@@ -1,5 +1,6 @@
 """One PPO iteration as a timeline: per-call start/end metrics and a picture (one row per device,
 one bar per call), from the runtime's ``Event`` records."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -9,9 +10,17 @@ from trainer.runtime import Event
 
 # A colour per call, so that the same call looks the same in every picture.
 _COLOURS = {
-    "actor_gen": "tab:blue", "rew_inf": "tab:olive", "reward": "tab:olive", "ref_inf": "tab:purple",
-    "critic_inf": "tab:orange", "actor_inf": "tab:cyan", "actor_train": "tab:green", "critic_train": "tab:red",
-    "realloc_actor": "black", "realloc_actor_load": "dimgray", "realloc_critic": "tab:brown",
+    "actor_gen": "tab:blue",
+    "rew_inf": "tab:olive",
+    "reward": "tab:olive",
+    "ref_inf": "tab:purple",
+    "critic_inf": "tab:orange",
+    "actor_inf": "tab:cyan",
+    "actor_train": "tab:green",
+    "critic_train": "tab:red",
+    "realloc_actor": "black",
+    "realloc_actor_load": "dimgray",
+    "realloc_critic": "tab:brown",
 }
 
 
@@ -47,8 +56,15 @@ def plot_timeline(events: Sequence[Event], t0: float, path: Path, title: str = "
         row = devices.index(e.device)
         label = None if e.call in seen else e.call
         seen.add(e.call)
-        ax.barh(row, e.end - e.start, left=e.start - t0, height=0.6, color=_COLOURS.get(e.call, "gray"),
-                edgecolor="white", label=label)
+        ax.barh(
+            row,
+            e.end - e.start,
+            left=e.start - t0,
+            height=0.6,
+            color=_COLOURS.get(e.call, "gray"),
+            edgecolor="white",
+            label=label,
+        )
     ax.set_yticks(range(len(devices)))
     ax.set_yticklabels(["no device" if d < 0 else f"device {d}" for d in devices])
     ax.invert_yaxis()

@@ -18,6 +18,7 @@ Precision: parameters and optimizer state are float32; ``dtype`` is the compute 
 mixed precision with N ranks, autocast with one). Dropout is off everywhere (``model.eval()``):
 the logprobs an update recomputes must equal the ones the rollout was scored with.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -59,9 +60,7 @@ class Ranks:
         self.group = group
         self.rank = dist.get_rank(group) if group is not None else 0
         self.world_size = dist.get_world_size(group) if group is not None else 1
-        self.global_ranks: tuple[int, ...] = (
-            tuple(dist.get_process_group_ranks(group)) if group is not None else (0,)
-        )
+        self.global_ranks: tuple[int, ...] = tuple(dist.get_process_group_ranks(group)) if group is not None else (0,)
         self.dtype_name = dtype
         self.compute_dtype = _DTYPES[dtype]
         if backend == "nccl":
@@ -81,12 +80,20 @@ class Ranks:
         return ranks
 
     @classmethod
-    def join(cls, rank: int, world_size: int, master_addr: str, master_port: int, backend: str = "gloo",
-             dtype: str = "float32") -> Ranks:
+    def join(
+        cls,
+        rank: int,
+        world_size: int,
+        master_addr: str,
+        master_port: int,
+        backend: str = "gloo",
+        dtype: str = "float32",
+    ) -> Ranks:
         """Start (or join) the default process group over TCP and use all of it (world_size 1: no group)."""
         if world_size > 1 and not dist.is_initialized():
-            dist.init_process_group(backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank,
-                                    world_size=world_size)
+            dist.init_process_group(
+                backend, init_method=f"tcp://{master_addr}:{master_port}", rank=rank, world_size=world_size
+            )
         return cls(dist.group.WORLD if world_size > 1 else None, dtype, backend)
 
     @property
@@ -238,8 +245,9 @@ class _Trainer:
         self.num_updates = 0
         """PPO iterations done; seeds the minibatch order, so a resumed run shuffles the same way."""
 
-    def run(self, batch: Mapping[str, Tensor], loss_fn, part_sizes: list[int] | None = None,
-            num_microbatches: int = 1) -> dict[str, float]:
+    def run(
+        self, batch: Mapping[str, Tensor], loss_fn, part_sizes: list[int] | None = None, num_microbatches: int = 1
+    ) -> dict[str, float]:
         """``num_epochs`` x ``num_minibatches`` optimizer steps, then one LR step.
 
         ``batch`` holds this rank's rows in (epoch, minibatch) order and ``part_sizes`` the size of
@@ -252,8 +260,13 @@ class _Trainer:
         if part_sizes is None:
             if self.ranks.sharded:
                 raise ValueError("a sharded update needs the caller's row order (batch.update_rows)")
-            rows, sizes = B.update_rows(B.num_rows(batch), self.ppo.num_epochs, self.ppo.num_minibatches, 1,
-                                        B.update_seed(self.seed, self.num_updates))
+            rows, sizes = B.update_rows(
+                B.num_rows(batch),
+                self.ppo.num_epochs,
+                self.ppo.num_minibatches,
+                1,
+                B.update_seed(self.seed, self.num_updates),
+            )
             batch, part_sizes = B.select(batch, rows[0]), sizes[0]
         batch = _to_device(batch, self.ranks.device)
         lr = self.optimizer.param_groups[0]["lr"]
@@ -313,8 +326,12 @@ class _Trainer:
         directory.mkdir(parents=True, exist_ok=True)
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         with _single_process_dcp_quiet():
-            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(directory / "dcp"),
-                     no_dist=not self.ranks.sharded, process_group=self.ranks.group)
+            dcp.save(
+                {"model": model_state, "optim": optim_state},
+                checkpoint_id=str(directory / "dcp"),
+                no_dist=not self.ranks.sharded,
+                process_group=self.ranks.group,
+            )
         torch.save(self.state_dict_extra(), directory / f"extra_rank{self.ranks.rank}.pt")
         self.ranks.barrier()  # the caller renames the directory once every rank has written
 
@@ -326,8 +343,12 @@ class _Trainer:
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         state = {"model": model_state, "optim": optim_state}
         with _single_process_dcp_quiet():
-            dcp.load(state, checkpoint_id=str(directory / "dcp"), no_dist=not self.ranks.sharded,
-                     process_group=self.ranks.group)
+            dcp.load(
+                state,
+                checkpoint_id=str(directory / "dcp"),
+                no_dist=not self.ranks.sharded,
+                process_group=self.ranks.group,
+            )
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         extra = directory / f"extra_rank{self.ranks.rank}.pt"
         if not extra.exists():  # saved with another world size: rank 0's schedule is everyone's
@@ -370,8 +391,9 @@ class PolicyWorker:
 
     def compute_logprobs(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
         """log pi(a_t | s_t) of each response token of this rank's slice, [B, T] (0 on padding)."""
-        return _in_chunks(lambda b: _response_logprobs(self.model, self.ranks, b, self.temperature), batch,
-                          num_microbatches)
+        return _in_chunks(
+            lambda b: _response_logprobs(self.model, self.ranks, b, self.temperature), batch, num_microbatches
+        )
 
     def _policy_loss(self, minibatch: Mapping[str, Tensor], num_tokens: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         mask_BT = minibatch["response_mask"]
@@ -385,11 +407,16 @@ class PolicyWorker:
             entropy = masked_sum(entropy_from_logits(logits_BTV, self.temperature), mask_BT) / num_tokens.clamp(min=1)
         if self.ppo.entropy_coef != 0.0:
             loss = loss - self.ppo.entropy_coef * entropy
-        return loss, {"clip_frac": stats.clip_frac, "approx_kl": stats.approx_kl, "ratio": stats.ratio,
-                      "entropy": entropy.detach()}
+        return loss, {
+            "clip_frac": stats.clip_frac,
+            "approx_kl": stats.approx_kl,
+            "ratio": stats.ratio,
+            "entropy": entropy.detach(),
+        }
 
-    def update(self, batch: Mapping[str, Tensor], part_sizes: list[int] | None = None,
-               num_microbatches: int = 1) -> dict[str, float]:
+    def update(
+        self, batch: Mapping[str, Tensor], part_sizes: list[int] | None = None, num_microbatches: int = 1
+    ) -> dict[str, float]:
         """One PPO iteration on this rank's rows (keys: input_ids, attention_mask, [position_ids],
         response_mask, old_logprobs, advantages; row order and ``part_sizes``: ``_Trainer.run``).
         Returns global means over the optimizer steps: loss, entropy, clip_frac, approx_kl, ratio,
@@ -488,26 +515,42 @@ class CriticWorker:
             values_BT = response_values(self.model, batch)
         return (values_BT * batch["response_mask"]).cpu()
 
-    def _value_loss(self, minibatch: Mapping[str, Tensor], num_tokens: Tensor, clip_range: float | None
-                    ) -> tuple[Tensor, dict[str, Tensor]]:
+    def _value_loss(
+        self, minibatch: Mapping[str, Tensor], num_tokens: Tensor, clip_range: float | None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         values_BT = response_values(self.model, minibatch)
         loss, stats = value_loss(
-            values_BT, minibatch["values"], minibatch["returns"], minibatch["response_mask"], clip_range, num_tokens,
+            values_BT,
+            minibatch["values"],
+            minibatch["returns"],
+            minibatch["response_mask"],
+            clip_range,
+            num_tokens,
         )
         return loss, {"clip_frac": stats.clip_frac, "values": stats.values}
 
-    def update(self, batch: Mapping[str, Tensor], part_sizes: list[int] | None = None,
-               num_microbatches: int = 1) -> dict[str, float]:
+    def update(
+        self, batch: Mapping[str, Tensor], part_sizes: list[int] | None = None, num_microbatches: int = 1
+    ) -> dict[str, float]:
         """One iteration of (clipped) value regression on this rank's rows (keys: input_ids,
         attention_mask, [position_ids], response_mask, values, returns; row order and
         ``part_sizes``: ``_Trainer.run``). Returns global means: loss, clip_frac, values, grad_norm
         (pre-clip), lr, and clip_range (-1: no clipping)."""
         # The rows arrive once per epoch (batch.update_rows): every row equally often, so the
         # statistics of the returns are those of the batch.
-        clip_range = value_clip_range(batch["returns"], batch["response_mask"], self.ppo.value_clip_eps,
-                                      self.ppo.value_clip.value, self.ranks.all_reduce_sum)
-        stats = self.trainer.run(batch, lambda minibatch, num_tokens: self._value_loss(minibatch, num_tokens, clip_range),
-                                 part_sizes, num_microbatches)
+        clip_range = value_clip_range(
+            batch["returns"],
+            batch["response_mask"],
+            self.ppo.value_clip_eps,
+            self.ppo.value_clip.value,
+            self.ranks.all_reduce_sum,
+        )
+        stats = self.trainer.run(
+            batch,
+            lambda minibatch, num_tokens: self._value_loss(minibatch, num_tokens, clip_range),
+            part_sizes,
+            num_microbatches,
+        )
         return {**stats, "clip_range": -1.0 if clip_range is None else clip_range}
 
     def save_checkpoint(self, directory: str | Path) -> None:
@@ -550,8 +593,9 @@ class RefWorker:
         if self.offload:
             self.model.to(self.ranks.device)
         try:
-            return _in_chunks(lambda b: _response_logprobs(self.model, self.ranks, b, self.temperature), batch,
-                              num_microbatches)
+            return _in_chunks(
+                lambda b: _response_logprobs(self.model, self.ranks, b, self.temperature), batch, num_microbatches
+            )
         finally:
             if self.offload:
                 self.model.to("cpu")

@@ -5,6 +5,7 @@ The structure rules live here; the value of a single scalar or equation is decid
 `NeedSympy` otherwise), so a comparison runs first in the caller's process and goes to a
 worker with sympy only when it must.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -210,9 +211,7 @@ def nodes_equal(gold: Node, answer: Node, ops: ScalarOps) -> bool:
 
     if isinstance(g, Matrix):
         if isinstance(a, Matrix):
-            return len(a.rows) == len(g.rows) and all(
-                _ordered(gr, ar, ops) for gr, ar in zip(g.rows, a.rows)
-            )
+            return len(a.rows) == len(g.rows) and all(_ordered(gr, ar, ops) for gr, ar in zip(g.rows, a.rows))
         vec = _is_vector(g)
         if vec is not None and isinstance(a, (Seq, Items)):
             if isinstance(a, Seq) and (a.left, a.right) != ("(", ")"):

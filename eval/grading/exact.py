@@ -7,6 +7,7 @@ mixed numbers (`2\\frac{1}{2}` is 5/2). Anything else (a symbol, \\sqrt, \\pi) r
 the caller falls back to sympy. Every operation is size-bounded because this runs in the
 caller's process, where nothing can be killed.
 """
+
 from __future__ import annotations
 
 import math

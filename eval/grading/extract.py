@@ -3,6 +3,7 @@
 Everything here is linear in the response length: responses can be 100k characters of
 adversarial text, and extraction runs in the caller's process without a timeout.
 """
+
 from __future__ import annotations
 
 import re

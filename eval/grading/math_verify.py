@@ -11,6 +11,7 @@ thread, so every batch runs in a worker process's main thread: safe to call from
 worker that runs past the batch's time budget is killed and its items graded incorrect ("timeout").
 Model text is parsed by math-verify's LaTeX grammar and sympy, never evaluated as Python.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -42,8 +43,9 @@ def _grade_batch(items: list[tuple[str, str]], timeout_s: int) -> list[tuple[boo
     return out
 
 
-def grade_many_math_verify(responses: Sequence[str], golds: Sequence[str], datasets: Sequence[str] | str = "math",
-                           timeout_s: int = 5) -> list[GradeResult]:
+def grade_many_math_verify(
+    responses: Sequence[str], golds: Sequence[str], datasets: Sequence[str] | str = "math", timeout_s: int = 5
+) -> list[GradeResult]:
     """Grades a batch with math-verify; results in input order (``datasets`` is unused: one policy)."""
     if len(responses) != len(golds):
         raise ValueError(f"{len(responses)} responses but {len(golds)} golds")

@@ -8,6 +8,7 @@ an equation or an assignment (`x = 5`). Presentation that carries no value (doll
 of a comparison reach `compare` in the same form. Inputs are bounded (MAX_ANSWER_CHARS) and all
 scans are linear or close to it: this runs in the caller's process.
 """
+
 from __future__ import annotations
 
 import functools
@@ -103,18 +104,58 @@ Node = Scalar | Text | Choice | Based | Seq | SetOf | Items | Union | Matrix | E
 # Text-level cleaning
 
 _UNICODE = {
-    "\u2212": "-", "\u2013": "-", "\u2014": "-", "\u2010": "-", "\u2011": "-",
-    "\u00d7": r" \times ", "\u22c5": r" \cdot ", "\u00b7": r" \cdot ", "\u00f7": r" \div ",
-    "\u03c0": r" \pi ", "\u221e": r" \infty ", "\u221a": r"\sqrt", "\u2264": r" \le ",
-    "\u2265": r" \ge ", "\u2260": r" \ne ", "\u00b1": r" \pm ", "\u2213": r" \mp ",
-    "\u222a": r" \cup ", "\u2229": r" \cap ", "\u2208": r" \in ", "\u2205": r" \emptyset ",
-    "\u00b0": r"^\circ", "\u03b8": r" \theta ", "\u03b1": r" \alpha ", "\u03b2": r" \beta ",
-    "\u00b2": "^2", "\u00b3": "^3", "\u00b9": "^1", "\u2070": "^0", "\u2074": "^4",
-    "\u2075": "^5", "\u2076": "^6", "\u2077": "^7", "\u2078": "^8", "\u2079": "^9",
-    "\u00bd": r"\frac{1}{2}", "\u00bc": r"\frac{1}{4}", "\u00be": r"\frac{3}{4}",
-    "\u2153": r"\frac{1}{3}", "\u2154": r"\frac{2}{3}", "\u00a0": " ", "\u2009": " ",
-    "\u202f": " ", "\u200b": "", "\u200c": "", "\u200d": "", "\ufeff": "",
-    "\u20ac": "", "\u00a3": "", "\u00a5": "", "\u20b9": "", "\u2032": "'",
+    "\u2212": "-",
+    "\u2013": "-",
+    "\u2014": "-",
+    "\u2010": "-",
+    "\u2011": "-",
+    "\u00d7": r" \times ",
+    "\u22c5": r" \cdot ",
+    "\u00b7": r" \cdot ",
+    "\u00f7": r" \div ",
+    "\u03c0": r" \pi ",
+    "\u221e": r" \infty ",
+    "\u221a": r"\sqrt",
+    "\u2264": r" \le ",
+    "\u2265": r" \ge ",
+    "\u2260": r" \ne ",
+    "\u00b1": r" \pm ",
+    "\u2213": r" \mp ",
+    "\u222a": r" \cup ",
+    "\u2229": r" \cap ",
+    "\u2208": r" \in ",
+    "\u2205": r" \emptyset ",
+    "\u00b0": r"^\circ",
+    "\u03b8": r" \theta ",
+    "\u03b1": r" \alpha ",
+    "\u03b2": r" \beta ",
+    "\u00b2": "^2",
+    "\u00b3": "^3",
+    "\u00b9": "^1",
+    "\u2070": "^0",
+    "\u2074": "^4",
+    "\u2075": "^5",
+    "\u2076": "^6",
+    "\u2077": "^7",
+    "\u2078": "^8",
+    "\u2079": "^9",
+    "\u00bd": r"\frac{1}{2}",
+    "\u00bc": r"\frac{1}{4}",
+    "\u00be": r"\frac{3}{4}",
+    "\u2153": r"\frac{1}{3}",
+    "\u2154": r"\frac{2}{3}",
+    "\u00a0": " ",
+    "\u2009": " ",
+    "\u202f": " ",
+    "\u200b": "",
+    "\u200c": "",
+    "\u200d": "",
+    "\ufeff": "",
+    "\u20ac": "",
+    "\u00a3": "",
+    "\u00a5": "",
+    "\u20b9": "",
+    "\u2032": "'",
 }
 _UNICODE_RE = re.compile("|".join(map(re.escape, _UNICODE)))
 
@@ -145,7 +186,12 @@ _SUBS = [
     (re.compile(r"\\(?:varepsilon)(?![a-zA-Z])"), r"\\epsilon"),
     (re.compile(r"\\(?:varphi)(?![a-zA-Z])"), r"\\phi"),
     # Degrees and percent are labels of the number (25\% equals 25, 30^\circ equals 30).
-    (re.compile(r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z]))(?:\s*[CF](?![a-zA-Z]))?"), " "),
+    (
+        re.compile(
+            r"(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z]))(?:\s*[CF](?![a-zA-Z]))?"
+        ),
+        " ",
+    ),
     (re.compile(r"\\%|%|\\\$|\\euro(?![a-zA-Z])|\\pounds(?![a-zA-Z])"), " "),
 ]
 _TEXT_CMD_RE = re.compile(
@@ -160,7 +206,9 @@ _REPEATING_PAREN_RE = re.compile(r"(?<![\d)])(\d*)\.(\d*)\((\d+)\)(?![\d(])")
 
 
 _TRIG_RE = re.compile(r"\\(?:sin|cos|tan|cot|sec|csc)(?![a-zA-Z])")
-_TRIG_DEGREE_RE = re.compile(r"(\d+(?:\.\d+)?)\s*(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\u00b0|\\degree(?![a-zA-Z]))")
+_TRIG_DEGREE_RE = re.compile(
+    r"(\d+(?:\.\d+)?)\s*(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ(?![a-zA-Z])|\u00b0|\\degree(?![a-zA-Z]))"
+)
 _UNIT_TEXT_RE = re.compile(r"^\s*[A-Za-z][A-Za-z. ]*$")
 _UNIT_TAIL_RE = re.compile(r"\s*(?:\^\s*\{?\s*\d\s*\}?)?\s*\.?\s*$")
 _VALUE_END_RE = re.compile(r"[\d})]\s*$")
@@ -380,9 +428,7 @@ _NOT_UNITS = {"pi", "inf", "infinity", "sqrt", "cis", "or", "and", "mod", "sin",
 _GLUED_UNIT_RE = re.compile(
     r"(?<=\d)(?:km/h|m/s|ft/s|mi/h|cm|mm|km|kg|mg|ml|mL|lbs?|oz|ft|yd|mph|sec|hrs?|mins?|m|g|s|L)(?:\^\{?[23]\}?)?\s*$"
 )
-_CHOICE_RE = re.compile(
-    r"^(?:(?i:option|choice)\s*)?(?:\(([A-Z])\)(?:$|\s|[.:]|\\)|([A-Z])$|([A-Z])\))"
-)
+_CHOICE_RE = re.compile(r"^(?:(?i:option|choice)\s*)?(?:\(([A-Z])\)(?:$|\s|[.:]|\\)|([A-Z])$|([A-Z])\))")
 _BASED_RE = re.compile(r"^\(?([0-9A-Za-z]+)\)?\s*_\s*\{?\(?(\d{1,2})\)?\}?$")
 _TEXT_RE = re.compile(r"^[A-Za-z][A-Za-z' ]*[A-Za-z.]?$")
 _ARTICLES_RE = re.compile(r"^(?:the|a|an)\s+")
@@ -464,13 +510,11 @@ _SET_BUILDER_RE = re.compile(r"\s*(?:\||\\mid(?![a-zA-Z])|:)\s*")
 _EQ_RE = re.compile(r"\s*==?\s*")
 _COMPARE_RE = re.compile(r"\s*(<|>|\\le(?![a-zA-Z])|\\ge(?![a-zA-Z])|\\ne(?![a-zA-Z]))\s*")
 _IN_RE = re.compile(r"^([A-Za-z]|\\[a-zA-Z]+)\s*\\in(?![a-zA-Z])\s*")
-_LABEL_RE = re.compile(
-    r"^(?:[A-Za-z]+|\\[a-zA-Z]+)(?:_\{?[A-Za-z0-9]+\}?)?'*(?:\([A-Za-z,\s]*\))?$"
+_LABEL_RE = re.compile(r"^(?:[A-Za-z]+|\\[a-zA-Z]+)(?:_\{?[A-Za-z0-9]+\}?)?'*(?:\([A-Za-z,\s]*\))?$")
+_VARIABLE_RE = re.compile(
+    r"^(?:[A-Za-z]|\\(?:alpha|beta|gamma|theta|phi|lambda|mu|omega|rho|sigma|tau|psi))(?:_\{?[A-Za-z0-9]+\}?)?$"
 )
-_VARIABLE_RE = re.compile(r"^(?:[A-Za-z]|\\(?:alpha|beta|gamma|theta|phi|lambda|mu|omega|rho|sigma|tau|psi))(?:_\{?[A-Za-z0-9]+\}?)?$")
-_MATRIX_RE = re.compile(
-    r"^\\begin\{([pbBvV]?matrix|smallmatrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.DOTALL
-)
+_MATRIX_RE = re.compile(r"^\\begin\{([pbBvV]?matrix|smallmatrix|array)\}(?:\{[^{}]*\})?(.*)\\end\{\1\}$", re.DOTALL)
 _NOT_LABELS = {"\\pi", "\\infty", "e", "i", "\\emptyset"}
 _INF = Scalar("\\infty")
 _NEG_INF = Scalar("-\\infty")
@@ -584,8 +628,16 @@ def _parse(s: str, depth: int) -> Node:
     s = s.strip().rstrip(".,;:").strip()
     if depth > MAX_DEPTH or not s:
         return Raw(s)
-    for reading in (_as_number, _as_union, _as_items, _as_equation, _as_comparison, _as_matrix, _as_named_set,
-                    _as_bracketed):
+    for reading in (
+        _as_number,
+        _as_union,
+        _as_items,
+        _as_equation,
+        _as_comparison,
+        _as_matrix,
+        _as_named_set,
+        _as_bracketed,
+    ):
         node = reading(s, depth)
         if node is not None:
             return node

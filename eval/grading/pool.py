@@ -6,6 +6,7 @@ the workers; callers (any thread: Ray actors, thread pools) queue items and wait
 results, first come first served. Workers are started on demand up to a cap and kept, because
 starting one costs about a second (importing sympy and the LaTeX grammar).
 """
+
 from __future__ import annotations
 
 import atexit

@@ -11,6 +11,7 @@ before parsing), and two distinct closed forms do not agree to 45 significant di
 with variables are compared at several fixed pseudo-random points, which decides polynomial and
 rational identities (expanded vs factored) and trigonometric ones alike.
 """
+
 from __future__ import annotations
 
 import functools
@@ -184,10 +185,7 @@ def _points(symbols, num: int):
     rng = random.Random(20240607)
     ordered = sorted(symbols, key=lambda s: s.name)
     for _ in range(num):
-        yield {
-            s: sympy.Rational(rng.choice((-1, 1)) * rng.choice(_PRIMES), rng.choice(_SMALL_PRIMES))
-            for s in ordered
-        }
+        yield {s: sympy.Rational(rng.choice((-1, 1)) * rng.choice(_PRIMES), rng.choice(_SMALL_PRIMES)) for s in ordered}
 
 
 def _infinite(expr) -> int | None:

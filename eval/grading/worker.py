@@ -5,6 +5,7 @@ caller's __main__, and fork is unsafe in threaded callers such as Ray actors). P
 object per line: the worker first writes {"ready": true}; then for each {"id", "answer", "gold"}
 it reads, it writes {"id", "correct", "reason"}, in order.
 """
+
 from __future__ import annotations
 
 import json

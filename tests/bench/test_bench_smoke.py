@@ -3,6 +3,7 @@
 (bench/ppo_iteration.py has its own file.) Each checks the script's output file, not its numbers:
 the numbers are the benchmark's job and move with the machine's load.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,21 @@ def test_plan_search_bench_on_one_setting(tmp_path):
 def test_reshard_bench_on_one_layer(tmp_path):
     """Four gloo processes: slow on a loaded 2-core machine."""
     out = tmp_path / "reshard.json"
-    _run(["bench/reshard.py", "--json", str(out), "--num-layers", "1", "--repeats", "1", "--pairs", "fsdp4->tp2dp2",
-          "--dtype", "fp32"])
+    _run(
+        [
+            "bench/reshard.py",
+            "--json",
+            str(out),
+            "--num-layers",
+            "1",
+            "--repeats",
+            "1",
+            "--pairs",
+            "fsdp4->tp2dp2",
+            "--dtype",
+            "fp32",
+        ]
+    )
     rows = json.loads(out.read_text())
     assert [r["pair"] for r in rows] == ["fsdp4->tp2dp2"] and rows[0]["exact"] is True
 

@@ -1,4 +1,5 @@
 """bench/ppo_iteration.py: metric rows -> per-iteration phases (fast), and the whole script on a tiny workload (slow)."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _row(iteration: int, total: float) -> dict:
-    return {"iteration": iteration, "time/generate": 1.0, "time/reward": 0.5, "time/inference": 0.25,
-            "time/train": 2.0, "time/sync": 0.25, "time/iteration": total, "response/length": 10.0,
-            "throughput/tokens_per_s": 40.0, "response/truncated": 0.25}
+    return {
+        "iteration": iteration,
+        "time/generate": 1.0,
+        "time/reward": 0.5,
+        "time/inference": 0.25,
+        "time/train": 2.0,
+        "time/sync": 0.25,
+        "time/iteration": total,
+        "response/length": 10.0,
+        "throughput/tokens_per_s": 40.0,
+        "response/truncated": 0.25,
+    }
 
 
 def test_row_zero_is_the_before_training_eval_not_an_iteration():
@@ -33,8 +43,14 @@ def test_row_zero_is_the_before_training_eval_not_an_iteration():
 
 
 def test_call_spans_become_per_call_seconds_and_missing_phases_count_zero():
-    row = {**_row(1, 5.0), "call/actor_gen/start_s": 0.5, "call/actor_gen/end_s": 1.5,
-           "call/ref_inf/start_s": 2.0, "call/ref_inf/end_s": 2.25, "call/critic_inf/start_s": 2.0}
+    row = {
+        **_row(1, 5.0),
+        "call/actor_gen/start_s": 0.5,
+        "call/actor_gen/end_s": 1.5,
+        "call/ref_inf/start_s": 2.0,
+        "call/ref_inf/end_s": 2.25,
+        "call/critic_inf/start_s": 2.0,
+    }
     del row["time/reward"]  # the plan runtime times reward scoring within inference
     its = ppo_iteration.realm_iterations([row, {**row, "iteration": 2}], rollouts=8)
     assert its[0]["calls"] == {"actor_gen": 1.0, "ref_inf": 0.25}  # critic_inf has no end: left out
@@ -53,9 +69,28 @@ def test_script_runs_on_a_tiny_workload(tmp_path):
     """Ray + vLLM start-up make this a minute or more: slow. TRL is skipped (it needs the package registry)."""
     out = tmp_path / "ppo.json"
     proc = subprocess.run(
-        [sys.executable, "bench/ppo_iteration.py", "--json", str(out), "--skip-trl", "--iterations", "2",
-         "--num-prompts", "4", "--samples-per-prompt", "2", "--max-new-tokens", "8", "--heldout-limit", "2"],
-        cwd=ROOT, capture_output=True, text=True, timeout=900)
+        [
+            sys.executable,
+            "bench/ppo_iteration.py",
+            "--json",
+            str(out),
+            "--skip-trl",
+            "--iterations",
+            "2",
+            "--num-prompts",
+            "4",
+            "--samples-per-prompt",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--heldout-limit",
+            "2",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert [r["iteration"] for r in result["realm"]["iterations"]] == [1, 2]

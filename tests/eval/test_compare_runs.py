@@ -1,4 +1,5 @@
 """python -m eval.compare_runs on hand-made run directories."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,16 @@ from eval.metrics import summarize
 
 def make_run(root, name, correct_per_problem, subjects=None, temperature=0.0):
     problems = [
-        [{"correct": c, "extracted": "1", "num_tokens": 100, "finish_reason": "stop",
-          **({"subject": subjects[i]} if subjects else {})} for c in row]
+        [
+            {
+                "correct": c,
+                "extracted": "1",
+                "num_tokens": 100,
+                "finish_reason": "stop",
+                **({"subject": subjects[i]} if subjects else {}),
+            }
+            for c in row
+        ]
         for i, row in enumerate(correct_per_problem)
     ]
     s = summarize(problems)
@@ -23,8 +32,15 @@ def make_run(root, name, correct_per_problem, subjects=None, temperature=0.0):
 
 
 def test_compare_writes_table_and_chart(tmp_path, capsys):
-    a = make_run(tmp_path / "sweep", "base-greedy", [[True], [False], [True], [True]], subjects=["Algebra", "Algebra", "Geometry", "Geometry"])
-    make_run(tmp_path / "sweep", "ppo-sampled", [[True, False], [True, True], [False, False], [True, False]], temperature=0.6)
+    a = make_run(
+        tmp_path / "sweep",
+        "base-greedy",
+        [[True], [False], [True], [True]],
+        subjects=["Algebra", "Algebra", "Geometry", "Geometry"],
+    )
+    make_run(
+        tmp_path / "sweep", "ppo-sampled", [[True, False], [True, True], [False, False], [True, False]], temperature=0.6
+    )
     out = tmp_path / "cmp"
     assert main([str(tmp_path / "sweep"), "--out", str(out)]) == 0  # a parent directory expands to its runs
     assert capsys.readouterr().out.strip().splitlines()[-1] == str(out)

@@ -1,4 +1,5 @@
 """Loaders: the shipped files, the MATH train split convention, errors that name file and line."""
+
 from __future__ import annotations
 
 import hashlib
@@ -97,7 +98,7 @@ def test_corrupted_solutions_have_math_shepherd_labels():
     for s in sols[1:]:
         first_bad = s.step_labels.index(0)
         assert all(s.step_labels[:first_bad]) and not any(s.step_labels[first_bad:])
-        assert s.final_label == 0 and s.steps[: first_bad] == sols[0].steps[: first_bad]
+        assert s.final_label == 0 and s.steps[:first_bad] == sols[0].steps[:first_bad]
 
 
 def test_asking_for_more_synthetic_problems_than_exist_fails_fast():

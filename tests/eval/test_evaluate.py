@@ -3,6 +3,7 @@
 The scripted generator answers problem i with the gold answer when ``i`` is in a chosen set, so
 every expected accuracy is a count a person can check.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,8 +20,13 @@ RAW = TEMPLATES["raw"]  # plain text: no tokenizer needed
 
 def make_problems(num: int) -> list[Problem]:
     return [
-        Problem(id=f"p{i}", question=f"What is {i} + {i}?", answer=str(2 * i), dataset="gsm8k",
-                metadata={"subject": "Algebra" if i % 2 else "Geometry", "level": 1 + i % 3})
+        Problem(
+            id=f"p{i}",
+            question=f"What is {i} + {i}?",
+            answer=str(2 * i),
+            dataset="gsm8k",
+            metadata={"subject": "Algebra" if i % 2 else "Geometry", "level": 1 + i % 3},
+        )
         for i in range(num)
     ]
 
@@ -47,11 +53,16 @@ class Scripted:
         outs = []
         for prompt in prompts:
             i = int(prompt.rsplit("What is ", 1)[1].split(" ")[0])
-            outs.append([
-                Done(f"{i} + {i} = {2 * i if (i, s) in self.correct else 2 * i + 1}. The answer is "
-                     f"\\boxed{{{2 * i if (i, s) in self.correct else 2 * i + 1}}}.", tuple(range(10 + i)))
-                for s in range(n)
-            ])
+            outs.append(
+                [
+                    Done(
+                        f"{i} + {i} = {2 * i if (i, s) in self.correct else 2 * i + 1}. The answer is "
+                        f"\\boxed{{{2 * i if (i, s) in self.correct else 2 * i + 1}}}.",
+                        tuple(range(10 + i)),
+                    )
+                    for s in range(n)
+                ]
+            )
         return outs
 
 
@@ -119,7 +130,9 @@ def test_resume_after_a_kill_regenerates_nothing_finished(tmp_path):
 
     # Same records as one uninterrupted run.
     fresh = evaluate(Scripted(correct), problems, RAW, log=None)
-    assert [json.dumps(r, sort_keys=True) for r in result.records] == [json.dumps(r, sort_keys=True) for r in fresh.records]
+    assert [json.dumps(r, sort_keys=True) for r in result.records] == [
+        json.dumps(r, sort_keys=True) for r in fresh.records
+    ]
 
     # A finished run resumes with nothing left to generate.
     third = Scripted(correct)

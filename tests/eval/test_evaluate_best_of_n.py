@@ -1,4 +1,5 @@
 """Best-of-N reranking with hand-made reward scores."""
+
 from __future__ import annotations
 
 import json
@@ -38,8 +39,16 @@ def test_expected_best_of_n_equals_brute_force_with_ties():
 
 
 def sample(pid, i, correct, extracted, question="q"):
-    return {"id": pid, "sample_index": i, "correct": correct, "extracted": extracted, "question": question,
-            "response": f"step one\n\nstep two {extracted}", "num_tokens": 5, "finish_reason": "stop"}
+    return {
+        "id": pid,
+        "sample_index": i,
+        "correct": correct,
+        "extracted": extracted,
+        "question": question,
+        "response": f"step one\n\nstep two {extracted}",
+        "num_tokens": 5,
+        "finish_reason": "stop",
+    }
 
 
 # Problem a: samples right, wrong, wrong, right; problem b: wrong, wrong, right, wrong.

@@ -3,6 +3,7 @@
 Most tests compose the Hydra config in-process and swap the vLLM engine for a scripted one (the
 engine itself is tested in tests/models/test_vllm_engine.py); the slow test runs the real command.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,14 @@ class FakeEngine:
 
     def __init__(self, model_dir, **kwargs):
         FakeEngine.num_built += 1
-        self.info = EngineInfo(model_dir=str(model_dir), tokenizer_dir=str(kwargs.get("tokenizer_dir")), dtype="float32",
-                               max_model_len=kwargs["max_model_len"], tensor_parallel_size=1, device="cpu")
+        self.info = EngineInfo(
+            model_dir=str(model_dir),
+            tokenizer_dir=str(kwargs.get("tokenizer_dir")),
+            dtype="float32",
+            max_model_len=kwargs["max_model_len"],
+            tensor_parallel_size=1,
+            device="cpu",
+        )
 
     def generate(self, prompts, *, n=1, logprobs=True, **kwargs):
         return [[Completion("2 + 2 = 4, so \\boxed{4}.", (1, 2, 3), None, "stop")] * n for _ in prompts]
@@ -95,7 +102,9 @@ def test_run_writes_samples_summary_report_and_resumes(fake_engine, tiny_model_d
     # Other settings in the same directory: refused, unless resume=false.
     with pytest.raises(EvalError, match="other settings.*temperature"):
         run_eval(config(f"data.name={gsm8k_file}", f"out_dir={out}", "max_new_tokens=16", "temperature=0.5"))
-    run_eval(config(f"data.name={gsm8k_file}", f"out_dir={out}", "max_new_tokens=16", "temperature=0.5", "resume=false"))
+    run_eval(
+        config(f"data.name={gsm8k_file}", f"out_dir={out}", "max_new_tokens=16", "temperature=0.5", "resume=false")
+    )
     assert fake_engine.num_built == 2
 
 
@@ -129,10 +138,21 @@ def test_bad_input_gives_clear_errors(fake_engine, tiny_model_dir, tmp_path):
         if f.name in ("config.json", "model.safetensors", "generation_config.json"):
             shutil.copy(f, bare / f.name)
     with pytest.raises(EvalError, match="ckpt has no tokenizer.*tokenizer=/path"):
-        run_eval(config("model.source=hf", f"model.path={bare}", "data=synthetic", "data.limit=2",
-                        f"out_dir={tmp_path / 'y'}"))
-    run_dir = run_eval(config("model.source=hf", f"model.path={bare}", f"tokenizer={tiny_model_dir}",
-                              "data=synthetic", "data.limit=2", f"out_dir={tmp_path / 'y'}"))
+        run_eval(
+            config(
+                "model.source=hf", f"model.path={bare}", "data=synthetic", "data.limit=2", f"out_dir={tmp_path / 'y'}"
+            )
+        )
+    run_dir = run_eval(
+        config(
+            "model.source=hf",
+            f"model.path={bare}",
+            f"tokenizer={tiny_model_dir}",
+            "data=synthetic",
+            "data.limit=2",
+            f"out_dir={tmp_path / 'y'}",
+        )
+    )
     assert json.loads((run_dir / "summary.json").read_text())["run"]["model"] == "ckpt"
     with pytest.raises(EvalError, match="not a model directory|no config.json"):
         run_eval(config("model.source=hf", f"model.path={tmp_path / 'missing'}", f"out_dir={tmp_path / 'z'}"))
@@ -153,7 +173,11 @@ def test_command_line_with_real_vllm_prints_the_run_dir_last(tmp_path, tiny_mode
     out = tmp_path / "run"
     proc = subprocess.run(
         [sys.executable, "-m", "eval", "data=synthetic", "data.limit=4", "max_new_tokens=16", f"out_dir={out}"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == str(out)
@@ -164,8 +188,9 @@ def test_command_line_with_real_vllm_prints_the_run_dir_last(tmp_path, tiny_mode
 
 def test_kv_cache_is_sized_for_one_chunk(tmp_path):
     # SmolLM2-135M: 30 layers x 3 KV heads x head_dim 576/9 = 64, K and V, fp32: 46,080 bytes per token.
-    (tmp_path / "config.json").write_text(json.dumps(
-        {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}))
+    (tmp_path / "config.json").write_text(
+        json.dumps({"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576})
+    )
     # 64 sequences x 1,536 tokens x 46,080 B x 1.1 = 4.98e9 B = 4.64 GiB -> 5.
     assert auto_kv_cache_gib(tmp_path, "float32", 64, 1536) == 5
     assert auto_kv_cache_gib(tmp_path, "bfloat16", 64, 1536) == 3  # half the bytes: 2.32 GiB -> 3

@@ -1,4 +1,5 @@
 """eval.files: every atomic writer leaves the old version or the new one, and no temp files."""
+
 from __future__ import annotations
 
 import json

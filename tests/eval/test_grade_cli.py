@@ -1,4 +1,5 @@
 """`python -m eval.grade --input IN.jsonl --output OUT.jsonl`: the input objects plus correct/extracted, in order."""
+
 from __future__ import annotations
 
 import json

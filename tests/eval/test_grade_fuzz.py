@@ -1,4 +1,5 @@
 """Random and adversarial text: the grader never raises, never hangs, and stays within its timeout."""
+
 from __future__ import annotations
 
 import random
@@ -18,13 +19,83 @@ REASONS = {"equal", "not_equal", "no_answer", "unclosed_box", "truncated", "time
 SLOW = "\\boxed{\\prod_{k=1}^{10^{5}} \\frac{k+1}{k}}"
 
 _TOKENS = [
-    "\\boxed{", "\\fbox{", "{", "}", "\\{", "\\}", "(", ")", "[", "]", "\\frac", "\\dfrac", "\\sqrt",
-    "\\left(", "\\right)", "^", "_", "!", "+", "-", "*", "/", ",", "=", "<", "\\le", "\\ge", "\\pm",
-    "\\cup", "\\infty", "\\pi", "i", "e", "x", "y", "\\text{", "\\mathbf{", "\\%", "\\$", "^\\circ",
-    "\\overline{", "\\begin{pmatrix}", "\\end{pmatrix}", "\\\\", "&", "$", "####", "The answer is ",
-    "Answer: ", ".", " ", "\n", "0", "1", "2", "7", "10", "0.5", "1,000", "\\binom", "\\log_", "\\sin",
-    "\\cdot", "\\times", "or", "and", "cm", "(C)", "_2", "\u2212", "\u221a", "\u00b2", "\u00bd", "\U0001F4A5",
-    "\u202e", "\x00", "\ud800",
+    "\\boxed{",
+    "\\fbox{",
+    "{",
+    "}",
+    "\\{",
+    "\\}",
+    "(",
+    ")",
+    "[",
+    "]",
+    "\\frac",
+    "\\dfrac",
+    "\\sqrt",
+    "\\left(",
+    "\\right)",
+    "^",
+    "_",
+    "!",
+    "+",
+    "-",
+    "*",
+    "/",
+    ",",
+    "=",
+    "<",
+    "\\le",
+    "\\ge",
+    "\\pm",
+    "\\cup",
+    "\\infty",
+    "\\pi",
+    "i",
+    "e",
+    "x",
+    "y",
+    "\\text{",
+    "\\mathbf{",
+    "\\%",
+    "\\$",
+    "^\\circ",
+    "\\overline{",
+    "\\begin{pmatrix}",
+    "\\end{pmatrix}",
+    "\\\\",
+    "&",
+    "$",
+    "####",
+    "The answer is ",
+    "Answer: ",
+    ".",
+    " ",
+    "\n",
+    "0",
+    "1",
+    "2",
+    "7",
+    "10",
+    "0.5",
+    "1,000",
+    "\\binom",
+    "\\log_",
+    "\\sin",
+    "\\cdot",
+    "\\times",
+    "or",
+    "and",
+    "cm",
+    "(C)",
+    "_2",
+    "\u2212",
+    "\u221a",
+    "\u00b2",
+    "\u00bd",
+    "\U0001f4a5",
+    "\u202e",
+    "\x00",
+    "\ud800",
 ]
 _LATEX = st.lists(st.sampled_from(_TOKENS), max_size=40).map("".join)
 _ANY_TEXT = st.one_of(st.text(max_size=300), _LATEX)
@@ -68,7 +139,7 @@ ADVERSARIAL = [
     "\\boxed{" + "(" * 500 + "1" + ")" * 500 + "}",
     "\\boxed{" + "1+" * 400 + "1}",
     "\\boxed{" + ",".join(["1"] * 500) + "}",
-    "\\boxed{\ud800\u202e\x00\U0001F4A5}",
+    "\\boxed{\ud800\u202e\x00\U0001f4a5}",
     "The answer is " + "$" * 1001,
     "\\boxed{" + "9" * 5000 + "}",
     "\\boxed{0." + "3" * 3000 + "}",
@@ -102,7 +173,11 @@ def test_random_soup_batch():
     results = grade_many(responses, golds, datasets, timeout_s=2.0, num_workers=2)
     assert all(isinstance(r, GradeResult) and r.reason in REASONS for r in results)
     # An answer always equals itself as the gold, whatever it is.
-    answered = [(r, x.extracted, d) for r, x, d in zip(responses, results, datasets) if x.extracted and "####" not in x.extracted]
+    answered = [
+        (r, x.extracted, d)
+        for r, x, d in zip(responses, results, datasets)
+        if x.extracted and "####" not in x.extracted
+    ]
     same = grade_many(*zip(*answered), timeout_s=2.0, num_workers=2)
     for (response, extracted, _), result in zip(answered, same):
         if result.reason != "timeout":
@@ -141,8 +216,12 @@ def test_timeout_outside_the_main_thread():
 
 
 def test_concurrent_threads_share_the_pool():
-    cases = [("\\boxed{\\sqrt{12}}", "2\\sqrt3", True), ("\\boxed{\\frac{\\pi}{3}}", "60^\\circ", False),
-             ("\\boxed{(x+1)^2}", "x^2+2x+1", True), ("\\boxed{3+4i}", "4i+3", True)] * 3
+    cases = [
+        ("\\boxed{\\sqrt{12}}", "2\\sqrt3", True),
+        ("\\boxed{\\frac{\\pi}{3}}", "60^\\circ", False),
+        ("\\boxed{(x+1)^2}", "x^2+2x+1", True),
+        ("\\boxed{3+4i}", "4i+3", True),
+    ] * 3
     results = [None] * len(cases)
 
     def run(k):

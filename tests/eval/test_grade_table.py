@@ -1,4 +1,5 @@
 """The public grading table: every policy point of eval/grade.py, correct and incorrect rows."""
+
 from __future__ import annotations
 
 import collections

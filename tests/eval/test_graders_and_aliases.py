@@ -1,4 +1,5 @@
 """`python -m eval` conveniences: `limit=`, `model=PATH`, `grader=math_verify` and the graders' agreement."""
+
 from __future__ import annotations
 
 import json
@@ -35,10 +36,17 @@ def test_model_path_becomes_an_hf_source_and_names_stay_group_choices(tmp_path):
     (hf / "config.json").write_text(json.dumps({"torch_dtype": "bfloat16"}))
     assert model_path_overrides(["model=smollm2-135m", "data=gsm8k"]) == ["model=smollm2-135m", "data=gsm8k"]
     assert model_path_overrides([f"model={hf}", "limit=5"]) == [
-        "model.source=hf", f"model.path={hf}", "model.dtype=bfloat16", "limit=5"]
+        "model.source=hf",
+        f"model.path={hf}",
+        "model.dtype=bfloat16",
+        "limit=5",
+    ]
     # An explicit dtype wins over the directory's.
     assert model_path_overrides([f"model={hf}", "model.dtype=float32"]) == [
-        "model.source=hf", f"model.path={hf}", "model.dtype=float32"]
+        "model.source=hf",
+        f"model.path={hf}",
+        "model.dtype=float32",
+    ]
     run = tmp_path / "run"
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "config.yaml").write_text("model:\n  dtype: float16\n")
@@ -53,8 +61,13 @@ def test_a_directory_that_is_not_a_run_or_model_is_refused(tmp_path):
 
 
 def test_math_verify_grades_values_not_strings():
-    responses = ["So the answer is \\boxed{0.5}.", "\\boxed{\\frac{2}{4}}", "It is \\boxed{3}.", "I am not sure.",
-                 "The answer is 18."]
+    responses = [
+        "So the answer is \\boxed{0.5}.",
+        "\\boxed{\\frac{2}{4}}",
+        "It is \\boxed{3}.",
+        "I am not sure.",
+        "The answer is 18.",
+    ]
     golds = ["\\frac{1}{2}", "\\frac12", "4", "7", "18"]
     got = grade_many_math_verify(responses, golds, ["math"] * 5)
     assert [g.correct for g in got] == [True, True, False, False, True]
@@ -72,16 +85,22 @@ class _AlwaysFour:
     def __init__(self, model_dir, **kwargs):
         from models.vllm_engine import EngineInfo
 
-        self.info = EngineInfo(model_dir=str(model_dir), tokenizer_dir=str(kwargs.get("tokenizer_dir")),
-                               dtype="float32", max_model_len=kwargs["max_model_len"], tensor_parallel_size=1,
-                               device="cpu")
+        self.info = EngineInfo(
+            model_dir=str(model_dir),
+            tokenizer_dir=str(kwargs.get("tokenizer_dir")),
+            dtype="float32",
+            max_model_len=kwargs["max_model_len"],
+            tensor_parallel_size=1,
+            device="cpu",
+        )
 
     def generate(self, prompts, *, n=1, logprobs=True, **kwargs):
         from models.vllm_engine import Completion
 
         # "4.0" is 4 for both graders; "four" for neither.
-        return [[Completion("\\boxed{4.0}" if i % 2 else "four", (1, 2), None, "stop")] * n
-                for i, _ in enumerate(prompts)]
+        return [
+            [Completion("\\boxed{4.0}" if i % 2 else "four", (1, 2), None, "stop")] * n for i, _ in enumerate(prompts)
+        ]
 
     def close(self):
         pass
@@ -92,10 +111,17 @@ def test_grader_math_verify_reports_both_accuracies(monkeypatch, tiny_model_dir,
 
     monkeypatch.setattr(models.vllm_engine, "VLLMEngine", _AlwaysFour)
     data = tmp_path / "four.jsonl"
-    data.write_text("".join(json.dumps({"id": f"p{i}", "question": f"2 + 2 ({i})?", "answer": "4"}) + "\n"
-                            for i in range(4)))
-    cfg = config("model.source=hf", f"model.path={tiny_model_dir}", f"data.name={data}", "grader=math_verify",
-                 f"out_dir={tmp_path / 'out'}", "chunk_size=4")
+    data.write_text(
+        "".join(json.dumps({"id": f"p{i}", "question": f"2 + 2 ({i})?", "answer": "4"}) + "\n" for i in range(4))
+    )
+    cfg = config(
+        "model.source=hf",
+        f"model.path={tiny_model_dir}",
+        f"data.name={data}",
+        "grader=math_verify",
+        f"out_dir={tmp_path / 'out'}",
+        "chunk_size=4",
+    )
     summary = json.loads((run_eval(cfg) / "summary.json").read_text())
     assert summary["settings"]["grader"] == "math_verify"
     assert summary["graders"]["accuracy"] == {"math_verify": 0.5, "realm": 0.5}

@@ -1,4 +1,5 @@
 """Metrics as worked examples: every expected number can be checked by hand."""
+
 from __future__ import annotations
 
 import math
@@ -92,7 +93,13 @@ def test_length_stats_and_default_ks():
 
 
 def sample(correct, extracted="1", num_tokens=10, finish_reason="stop", **meta):
-    return {"correct": correct, "extracted": extracted, "num_tokens": num_tokens, "finish_reason": finish_reason, **meta}
+    return {
+        "correct": correct,
+        "extracted": extracted,
+        "num_tokens": num_tokens,
+        "finish_reason": finish_reason,
+        **meta,
+    }
 
 
 def test_summarize_greedy_with_subjects_and_levels():

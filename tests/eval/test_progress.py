@@ -1,4 +1,5 @@
 """eval.progress: tqdm's format as whole lines where there is no terminal."""
+
 from __future__ import annotations
 
 from eval.progress import Progress, progress_line
@@ -6,9 +7,12 @@ from eval.progress import Progress, progress_line
 
 def test_progress_line_worked_examples():
     assert progress_line(3, 10, 42.0, "[iter]", "iter", postfix="success 0.5") == (
-        "[iter] 3/10 (30%) [00:42<01:38, 14.00s/iter, success 0.5]")
+        "[iter] 3/10 (30%) [00:42<01:38, 14.00s/iter, success 0.5]"
+    )
     # Resumed at 3: 2 problems in 10 s is 5 s each, 5 left -> ETA 25 s.
-    assert progress_line(5, 10, 10.0, "[eval]", "problem", initial=3) == "[eval] 5/10 (50%) [00:10<00:25,  5.00s/problem]"
+    assert (
+        progress_line(5, 10, 10.0, "[eval]", "problem", initial=3) == "[eval] 5/10 (50%) [00:10<00:25,  5.00s/problem]"
+    )
 
 
 def test_lines_every_n_units_and_the_last():

@@ -5,6 +5,7 @@ The weight-sync test is the contract the PPO trainer relies on: after ``load_wei
 perturbed weights, vLLM's logprobs of fixed sequences equal the perturbed transformers model's
 (float32 on CPU: measured max |diff| ~1.5e-6; asserted < 1e-4).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -45,7 +46,9 @@ def engine(tiny_model_dir):
 @pytest.fixture(scope="module")
 def prompt(engine):
     return engine.tokenizer.apply_chat_template(
-        [{"role": "user", "content": "Start with 7. Add 5. What is the result?"}], tokenize=False, add_generation_prompt=True
+        [{"role": "user", "content": "Start with 7. Add 5. What is the result?"}],
+        tokenize=False,
+        add_generation_prompt=True,
     )
 
 
@@ -57,10 +60,13 @@ def test_generate_returns_n_completions_with_logprobs(engine, prompt):
         assert 1 <= c.num_tokens <= 12
         assert len(c.logprobs) == c.num_tokens and all(lp <= 0 for lp in c.logprobs)
         assert c.finish_reason in ("stop", "length")
-        assert (c.finish_reason == "length") == (c.num_tokens == 12 and engine.tokenizer.eos_token_id not in c.token_ids)
+        assert (c.finish_reason == "length") == (
+            c.num_tokens == 12 and engine.tokenizer.eos_token_id not in c.token_ids
+        )
     # Same seed -> same samples; a string prompt and its token ids are the same prompt.
-    again = engine.generate([engine.tokenizer.encode(prompt, add_special_tokens=False)], n=3, temperature=1.0,
-                            max_new_tokens=12, seed=1)
+    again = engine.generate(
+        [engine.tokenizer.encode(prompt, add_special_tokens=False)], n=3, temperature=1.0, max_new_tokens=12, seed=1
+    )
     assert [c.token_ids for c in again[0]] == [c.token_ids for c in outs[0]]
 
 
@@ -70,7 +76,7 @@ def test_greedy_logprobs_match_scoring_the_same_sequence(engine, prompt):
     prompt_ids = engine.tokenizer.encode(prompt, add_special_tokens=False)
     scored = engine.prompt_logprobs([prompt_ids + list(c.token_ids)])[0]
     assert len(scored) == len(prompt_ids) + c.num_tokens - 1
-    assert max(abs(a - b) for a, b in zip(scored[-c.num_tokens:], c.logprobs)) < TOLERANCE
+    assert max(abs(a - b) for a, b in zip(scored[-c.num_tokens :], c.logprobs)) < TOLERANCE
 
 
 def test_load_weights_changes_generation_and_matches_transformers(engine, tiny_model_dir, prompt):
@@ -128,8 +134,9 @@ def test_sleep_frees_gpu_memory_and_wake_up_generates_the_same(tiny_model_dir):
     """The GPU path of the plan runtime's colocation: vLLM sleeps while training uses the GPU."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU (vLLM refuses sleep mode on CPU)")
-    eng = VLLMEngine(tiny_model_dir, dtype="float32", seed=0, max_model_len=256, enable_sleep_mode=True,
-                     gpu_memory_utilization=0.3)
+    eng = VLLMEngine(
+        tiny_model_dir, dtype="float32", seed=0, max_model_len=256, enable_sleep_mode=True, gpu_memory_utilization=0.3
+    )
     try:
         before = eng.generate([[1, 2, 3, 4]], n=1, temperature=0.0, max_new_tokens=8)
         free_awake = torch.cuda.mem_get_info()[0]

@@ -21,8 +21,9 @@ from reallocation.layout import Holdings, ModelSpec, Shape, full_box, local_slic
 
 # hidden 64, 4 heads (head_dim 16), 2 kv heads: small enough for fast tests, large enough to hit
 # GQA replication at tp=4 and uneven FSDP chunks.
-TINY = dict(num_layers=2, hidden_size=64, intermediate_size=96, num_heads=4, num_kv_heads=2,
-            head_dim=16, vocab_size=128)
+TINY = dict(
+    num_layers=2, hidden_size=64, intermediate_size=96, num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=128
+)
 
 
 def tiny_spec(tied: bool = True, qkv_bias: bool = True, **overrides) -> ModelSpec:
@@ -37,8 +38,9 @@ def reference_weights(shapes: Mapping[str, Shape], dtype=torch.float32, seed: in
 
 def shards_of(holdings: Holdings, ref: Mapping[str, torch.Tensor], rank: int) -> dict[str, torch.Tensor]:
     """The local shards ``rank`` holds: copies of the reference slices."""
-    return {n: ref[n][local_slices(per[rank], full_box(ref[n].shape))].clone()
-            for n, per in holdings.items() if rank in per}
+    return {
+        n: ref[n][local_slices(per[rank], full_box(ref[n].shape))].clone() for n, per in holdings.items() if rank in per
+    }
 
 
 def all_shards(holdings: Holdings, ref) -> dict[int, dict[str, torch.Tensor]]:

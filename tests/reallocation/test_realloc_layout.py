@@ -32,7 +32,7 @@ def test_subtract_partitions_the_difference():
     pieces = subtract(a, b)
     assert sum(box_numel(p) for p in pieces) == box_numel(a) - box_numel(intersect(a, b))
     assert all(intersect(p, b) is None for p in pieces)
-    assert all(intersect(p, q) is None for i, p in enumerate(pieces) for q in pieces[i + 1:])
+    assert all(intersect(p, q) is None for i, p in enumerate(pieces) for q in pieces[i + 1 :])
     assert subtract(a, ((20, 30), (0, 1))) == [a]
 
 
@@ -44,8 +44,15 @@ def test_model_spec_matches_hf_model(model_type, tied):
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
     }[model_type]
-    config = cls(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied)
+    config = cls(
+        vocab_size=100,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+    )
     model = model_cls(config)
     spec = ModelSpec.from_hf_config(config)
     # Same names, order and shapes as named_parameters (which drops a tied lm_head).
@@ -59,7 +66,11 @@ def test_fsdp_boxes_are_uneven_dim0_chunks():
     layout = Layout(fsdp=4)
     embed = params["model.embed_tokens.weight"]  # [130, 64] -> 33, 33, 33, 31 rows
     assert [layout.box(embed, r, spec) for r in range(4)] == [
-        ((0, 33), (0, 64)), ((33, 66), (0, 64)), ((66, 99), (0, 64)), ((99, 130), (0, 64))]
+        ((0, 33), (0, 64)),
+        ((33, 66), (0, 64)),
+        ((66, 99), (0, 64)),
+        ((99, 130), (0, 64)),
+    ]
     norm = params["model.norm.weight"]  # [64] -> 16 each
     assert layout.box(norm, 3, spec) == ((48, 64),)
 
@@ -118,4 +129,8 @@ def test_head_misaligned_tp_falls_back_to_even_chunks():
     spec = tiny_spec()
     k = spec.params()[3]
     assert k.name.endswith("k_proj.weight")
-    assert [Layout(tp=3).box(k, r, spec) for r in range(3)] == [((0, 11), (0, 64)), ((11, 22), (0, 64)), ((22, 32), (0, 64))]
+    assert [Layout(tp=3).box(k, r, spec) for r in range(3)] == [
+        ((0, 11), (0, 64)),
+        ((11, 22), (0, 64)),
+        ((22, 32), (0, 64)),
+    ]

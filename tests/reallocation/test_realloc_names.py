@@ -29,23 +29,27 @@ def test_fused_shards_worked_example(tp):
         assert {n: tuple(v.shape) for n, v in got.items()} == vllm_local_shapes(spec, tp)
         # qkv: this rank's q heads, then its kv head (shared by tp / 2 ranks when tp > 2).
         kv_head = t // (tp // 2) if tp > 2 else None
-        q = ref["model.layers.1.self_attn.q_proj.weight"][t * heads_per_rank * hd:(t + 1) * heads_per_rank * hd]
-        kv_rows = slice(kv_head * hd, (kv_head + 1) * hd) if kv_head is not None else slice(t * 32 // tp, (t + 1) * 32 // tp)
+        q = ref["model.layers.1.self_attn.q_proj.weight"][t * heads_per_rank * hd : (t + 1) * heads_per_rank * hd]
+        kv_rows = (
+            slice(kv_head * hd, (kv_head + 1) * hd) if kv_head is not None else slice(t * 32 // tp, (t + 1) * 32 // tp)
+        )
         k = ref["model.layers.1.self_attn.k_proj.weight"][kv_rows]
         v = ref["model.layers.1.self_attn.v_proj.weight"][kv_rows]
         assert torch.equal(got["model.layers.1.self_attn.qkv_proj.weight"], torch.cat([q, k, v]))
-        qb = ref["model.layers.1.self_attn.q_proj.bias"][t * heads_per_rank * hd:(t + 1) * heads_per_rank * hd]
+        qb = ref["model.layers.1.self_attn.q_proj.bias"][t * heads_per_rank * hd : (t + 1) * heads_per_rank * hd]
         assert torch.equal(got["model.layers.1.self_attn.qkv_proj.bias"][: len(qb)], qb)
         # gate_up: this rank's gate rows then up rows.
         rows = slice(t * 96 // tp, (t + 1) * 96 // tp)
-        gate_up = torch.cat([ref["model.layers.0.mlp.gate_proj.weight"][rows], ref["model.layers.0.mlp.up_proj.weight"][rows]])
+        gate_up = torch.cat(
+            [ref["model.layers.0.mlp.gate_proj.weight"][rows], ref["model.layers.0.mlp.up_proj.weight"][rows]]
+        )
         assert torch.equal(got["model.layers.0.mlp.gate_up_proj.weight"], gate_up)
         # Vocab: 128 / tp padded rows per rank, real rows first, zeros after the real vocabulary.
         per = 128 // tp
         lo, hi = min(t * per, 100), min((t + 1) * per, 100)
         emb = got["model.embed_tokens.weight"]
         assert torch.equal(emb[: hi - lo], ref["model.embed_tokens.weight"][lo:hi])
-        assert bool((emb[hi - lo:] == 0).all())
+        assert bool((emb[hi - lo :] == 0).all())
         assert torch.equal(got["lm_head.weight"][: hi - lo], ref["lm_head.weight"][lo:hi])
 
 
@@ -65,7 +69,7 @@ def test_key_count_and_shape_checks():
         vllm_local_shapes(spec, 3)  # 4 heads do not split over 3 ranks
 
 
-_VLLM_SCRIPT = r'''
+_VLLM_SCRIPT = r"""
 import json, os, sys
 from transformers import LlamaConfig, LlamaForCausalLM
 def main(d):
@@ -79,7 +83,7 @@ def main(d):
     print("PARAMS" + json.dumps(llm.collective_rpc(params)[0]))
 if __name__ == "__main__":
     main(sys.argv[1])
-'''
+"""
 
 
 @pytest.mark.slow
@@ -96,18 +100,32 @@ def test_names_match_a_real_vllm_engine(tmp_path):
 
     script = tmp_path / "probe.py"
     script.write_text(_VLLM_SCRIPT)
-    env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
-           "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_HOST_IP": "127.0.0.1", "VLLM_NO_USAGE_STATS": "1"}
-    proc = subprocess.run([sys.executable, str(script), str(tmp_path / "model")], env=env, capture_output=True,
-                          text=True, timeout=600)
+    env = {
+        **os.environ,
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_HOST_IP": "127.0.0.1",
+        "VLLM_NO_USAGE_STATS": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path / "model")], env=env, capture_output=True, text=True, timeout=600
+    )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("PARAMS")), None)
     assert line, proc.stderr[-3000:]
-    got = {n: tuple(s) for n, s in json.loads(line[len("PARAMS"):])}
-    spec = ModelSpec(num_layers=2, hidden_size=128, intermediate_size=256, num_heads=2, num_kv_heads=1, head_dim=64,
-                     vocab_size=200, tie_word_embeddings=False)
+    got = {n: tuple(s) for n, s in json.loads(line[len("PARAMS") :])}
+    spec = ModelSpec(
+        num_layers=2,
+        hidden_size=128,
+        intermediate_size=256,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=64,
+        vocab_size=200,
+        tie_word_embeddings=False,
+    )
     want = vllm_local_shapes(spec, 1)
     assert sorted(got) == sorted(want)
     compared = [name for name, shape in got.items() if 0 not in shape]
     assert {name: got[name] for name in compared} == {name: want[name] for name in compared}
     assert "model.embed_tokens.weight" in compared  # (256, 128): vocab 200 padded to 64
-

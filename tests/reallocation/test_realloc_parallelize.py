@@ -17,9 +17,16 @@ def _model(kind: str, tied: bool):
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM),
     }[kind]
-    config = config_cls(vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=tied,
-                        max_position_embeddings=64)
+    config = config_cls(
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        tie_word_embeddings=tied,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     return model_cls(config).eval()
 
@@ -73,8 +80,9 @@ def _worker(rank, world_size, kind, tied, dp, tp):
 
     full = dict(iter_full_weights(model, dst_rank=0, bucket_bytes=16 << 10))
     if rank == 0:
-        out["full_bad"] = [n for n in ref if n not in full or not torch.equal(full[n], ref[n])] + \
-            [n for n in full if n not in ref]
+        out["full_bad"] = [n for n in ref if n not in full or not torch.equal(full[n], ref[n])] + [
+            n for n in full if n not in ref
+        ]
     else:
         out["full_bad"] = list(full)  # other ranks receive nothing
 

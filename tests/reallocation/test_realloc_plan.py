@@ -6,7 +6,6 @@ moved == the lower bound. Execution here is ``reshard_in_process`` (same rounds 
 the distributed executor, buffers handed over in memory).
 """
 
-
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -47,8 +46,11 @@ def check_plan(src_layout, dst_layout, spec, bucket_bytes=4096):
     plan = make_plan(src, dst, shapes)
 
     # Every destination element is written exactly once (local copy or one transfer).
-    counts = {(n, r): torch.zeros(tuple(b - a for a, b in box), dtype=torch.int32)
-              for n, per in dst.items() for r, box in per.items()}
+    counts = {
+        (n, r): torch.zeros(tuple(b - a for a, b in box), dtype=torch.int32)
+        for n, per in dst.items()
+        for r, box in per.items()
+    }
     for t in plan.transfers + plan.local_copies:
         for d in t.dsts:
             counts[t.name, d][local_slices(t.box, dst[t.name][d])] += 1
@@ -79,8 +81,11 @@ def check_plan(src_layout, dst_layout, spec, bucket_bytes=4096):
     return plan
 
 
-@pytest.mark.parametrize("src_layout,dst_layout", NAMED_PAIRS + [(b, a) for a, b in NAMED_PAIRS],
-                         ids=lambda x: str(x) + ("@" + ",".join(map(str, x.ranks)) if x.ranks else ""))
+@pytest.mark.parametrize(
+    "src_layout,dst_layout",
+    NAMED_PAIRS + [(b, a) for a, b in NAMED_PAIRS],
+    ids=lambda x: str(x) + ("@" + ",".join(map(str, x.ranks)) if x.ranks else ""),
+)
 def test_named_pairs(src_layout, dst_layout):
     check_plan(src_layout, dst_layout, tiny_spec(vocab_size=100))
 
@@ -96,7 +101,8 @@ def test_same_layout_moves_nothing():
     plan = make_plan(layout.holdings(spec), layout.holdings(spec), spec.shapes())
     assert plan.transfers == () and plan.num_elements_moved() == 0
     assert sum(box_numel(t.box) for t in plan.local_copies) == sum(
-        box_numel(b) for per in layout.holdings(spec).values() for b in per.values())
+        box_numel(b) for per in layout.holdings(spec).values() for b in per.values()
+    )
 
 
 def test_worked_example_tp2_to_two_replicas():
@@ -138,7 +144,9 @@ def test_single_rank_destination_is_a_gather():
     plan = check_plan(Layout(fsdp=2, tp=2), Layout(), spec)
     assert plan.dst == single_rank_holdings(spec.shapes(), 0)
     # rank 0 keeps its quarter of each sharded matrix locally.
-    assert plan.num_elements_moved() == spec.num_params() - sum(box_numel(b) for per in src.values() for r, b in per.items() if r == 0)
+    assert plan.num_elements_moved() == spec.num_params() - sum(
+        box_numel(b) for per in src.values() for r, b in per.items() if r == 0
+    )
 
 
 def test_schedule_respects_the_bucket():
@@ -193,8 +201,14 @@ def layouts(draw):
 
 
 @settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
-@given(src=layouts(), dst=layouts(), vocab=st.sampled_from([64, 100, 131]), num_layers=st.integers(1, 4),
-       tied=st.booleans(), bucket=st.sampled_from([1 << 14, 1 << 16, 1 << 20]))
+@given(
+    src=layouts(),
+    dst=layouts(),
+    vocab=st.sampled_from([64, 100, 131]),
+    num_layers=st.integers(1, 4),
+    tied=st.booleans(),
+    bucket=st.sampled_from([1 << 14, 1 << 16, 1 << 20]),
+)
 def test_random_layout_pairs(src, dst, vocab, num_layers, tied, bucket):
     check_plan(src, dst, tiny_spec(vocab_size=vocab, num_layers=num_layers, tied=tied), bucket_bytes=bucket)
 
@@ -216,8 +230,11 @@ def test_same_node_sources_keep_bytes_inside_the_node():
     blind_crossing = sum(t.numel * len(t.dsts) for t in blind.transfers if any(t.src // 8 != d // 8 for d in t.dsts))
     assert blind_crossing > 0.3 * blind.num_elements_moved()
     # Every destination element is still written exactly once.
-    counts = {(n, r): torch.zeros(tuple(b - a for a, b in box), dtype=torch.int32)
-              for n, per in dst.items() for r, box in per.items()}
+    counts = {
+        (n, r): torch.zeros(tuple(b - a for a, b in box), dtype=torch.int32)
+        for n, per in dst.items()
+        for r, box in per.items()
+    }
     for t in node_aware.transfers + node_aware.local_copies:
         for d in t.dsts:
             counts[t.name, d][local_slices(t.box, dst[t.name][d])] += 1

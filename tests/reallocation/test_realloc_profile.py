@@ -76,8 +76,9 @@ def test_spearman_worked_examples():
 
 
 def test_measure_tiny_on_cpu_gives_every_op():
-    p = measure({"tiny": TINY}, device="cpu", grid=dict(batches=(1,), seqs=(8,), contexts=(16,), tps=(1,)),
-                progress=False)
+    p = measure(
+        {"tiny": TINY}, device="cpu", grid=dict(batches=(1,), seqs=(8,), contexts=(16,), tps=(1,)), progress=False
+    )
     assert {r["op"] for r in p.entries} == {"forward", "train", "optimizer", "decode", "head_forward", "head_train"}
     assert all(r["seconds"] > 0 for r in p.entries)
 
@@ -87,8 +88,12 @@ def test_predicted_vs_measured_calls_rank_correlate(tmp_path):
     import torch
 
     torch.set_num_threads(1)
-    profile = measure({m: named_spec(m) for m in ("tiny", "smollm2-135m")}, device="cpu",
-                      grid=dict(batches=(1, 4), seqs=(16, 64), contexts=(32,), tps=(1,)), progress=False)
+    profile = measure(
+        {m: named_spec(m) for m in ("tiny", "smollm2-135m")},
+        device="cpu",
+        grid=dict(batches=(1, 4), seqs=(16, 64), contexts=(32,), tps=(1,)),
+        progress=False,
+    )
     result = check(profile, progress=False)
     assert len(result["rows"]) >= 8
     print(f"spearman {result['spearman']:.2f}, median relative error {result['median_relative_error']:.0%}")
@@ -101,8 +106,12 @@ def test_cuda_profile(tmp_path):
 
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
-    p = measure({"qwen2.5-math-1.5b": named_spec("qwen2.5-math-1.5b")}, device="cuda",
-                grid=dict(batches=(1, 8), seqs=(128,), contexts=(256,), tps=(1, 2)), progress=False)
+    p = measure(
+        {"qwen2.5-math-1.5b": named_spec("qwen2.5-math-1.5b")},
+        device="cuda",
+        grid=dict(batches=(1, 8), seqs=(128,), contexts=(256,), tps=(1, 2)),
+        progress=False,
+    )
     p.save(tmp_path / "p.json")
     assert "bfloat16" in p.device and all(r["seconds"] > 0 for r in p.entries)
     spec = named_spec("qwen2.5-math-1.5b")

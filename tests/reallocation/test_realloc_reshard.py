@@ -39,8 +39,12 @@ def _run_pairs(rank, world_size, pairs, spec, cast):
         plan = make_plan(src, dst, shapes)
         got, stats = reshard(plan, shards_of(src, ref, rank), dtype=torch.float32, bucket_bytes=BUCKET)
         base = reshard_gather_broadcast(plan, shards_of(src, ref, rank), dtype=torch.float32, bucket_bytes=BUCKET)
-        out[key] = dict(bad=mismatches(dst, ref, got, rank), bad_baseline=mismatches(dst, ref, base, rank),
-                        received=stats.bytes_received, peak=stats.peak_buffer_bytes)
+        out[key] = dict(
+            bad=mismatches(dst, ref, got, rank),
+            bad_baseline=mismatches(dst, ref, base, rank),
+            received=stats.bytes_received,
+            peak=stats.peak_buffer_bytes,
+        )
     if cast:
         # fp32 training shards -> bf16 generation shards: cast before sending, exact vs ref.to(bf16).
         src, dst = Layout(fsdp=world_size).holdings(spec), Layout(tp=world_size).holdings(spec)

@@ -31,8 +31,10 @@ def test_named_specs_have_published_sizes(tmp_path):
     assert named_spec("llama-2-7b").num_params() == pytest.approx(6.74e9, rel=0.01)
     assert named_spec("70B").num_params() == pytest.approx(68.98e9, rel=0.01)
     assert named_spec("qwen2.5-math-1.5b").num_params() == pytest.approx(1.54e9, rel=0.01)
-    (tmp_path / "config.json").write_text('{"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 96,'
-                                          ' "num_attention_heads": 4, "vocab_size": 128}')
+    (tmp_path / "config.json").write_text(
+        '{"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 96,'
+        ' "num_attention_heads": 4, "vocab_size": 128}'
+    )
     assert named_spec(str(tmp_path)).num_kv_heads == 4
     with pytest.raises(ValueError, match="unknown model 'gpt-5'"):
         named_spec("gpt-5")
@@ -135,7 +137,12 @@ def test_real_heuristic_follows_realhf_rule():
     two = hardware("a100-80g", 2, 8)
     plan = real_heuristic(PAPER_7B, two)
     c = plan.calls
-    assert (c["actor_gen"].devices, c["actor_gen"].pp, c["actor_gen"].dp, c["actor_gen"].tp) == (tuple(range(16)), 2, 8, 1)
+    assert (c["actor_gen"].devices, c["actor_gen"].pp, c["actor_gen"].dp, c["actor_gen"].tp) == (
+        tuple(range(16)),
+        2,
+        8,
+        1,
+    )
     assert (c["ref_inf"].pp, c["ref_inf"].dp, c["ref_inf"].tp) == (2, 2, 4)
     # ceil(2 * 7 / 14) = 1 node for the actor, the other for the critic: dp2 x pp1 x tp4 each.
     assert c["actor_train"].devices == tuple(range(8)) and c["critic_train"].devices == tuple(range(8, 16))
@@ -160,7 +167,7 @@ def test_symmetric_and_disjoint_shapes():
     assert len({a.tp for a in sym.calls.values()}) == 1 and all(a.pp == 1 for a in sym.calls.values())
     dis = disjoint(PAPER_7B, two)
     groups = [set(dis.calls[c].devices) for c in ("actor_gen", "actor_train", "critic_train", "ref_inf", "rew_inf")]
-    assert all(not (a & b) for i, a in enumerate(groups) for b in groups[i + 1:])
+    assert all(not (a & b) for i, a in enumerate(groups) for b in groups[i + 1 :])
     assert dis.calls["critic_inf"].devices == dis.calls["critic_train"].devices
 
 
@@ -193,12 +200,35 @@ def test_search_says_when_nothing_fits():
 
 def test_cli_prints_plan_and_summary_line(tmp_path, capsys):
     out = tmp_path / "plan.yaml"
-    rc = main(["--actor", "qwen2.5-math-1.5b", "--critic", "qwen2.5-math-1.5b", "--nodes", "1", "--gpus-per-node", "8",
-               "--batch", "64", "--prompt-len", "128", "--gen-len", "256", "--seconds", "2", "--out", str(out)])
+    rc = main(
+        [
+            "--actor",
+            "qwen2.5-math-1.5b",
+            "--critic",
+            "qwen2.5-math-1.5b",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "8",
+            "--batch",
+            "64",
+            "--prompt-len",
+            "128",
+            "--gen-len",
+            "256",
+            "--seconds",
+            "2",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     lines = capsys.readouterr().out.strip().splitlines()
-    assert re.fullmatch(r"best \d+\.\d\d s/iteration, fits; ReaL-Heuristic (\d+\.\d\d s|oom); symmetric (\d+\.\d\d s|oom);"
-                        r" disjoint (\d+\.\d\d s|oom); searched in \d+\.\d s", lines[-1]), lines[-1]
+    assert re.fullmatch(
+        r"best \d+\.\d\d s/iteration, fits; ReaL-Heuristic (\d+\.\d\d s|oom); symmetric (\d+\.\d\d s|oom);"
+        r" disjoint (\d+\.\d\d s|oom); searched in \d+\.\d s",
+        lines[-1],
+    ), lines[-1]
     assert any(line.strip().startswith("actor_train") for line in lines)
     plan = ExecutionPlan.load(out)
     assert plan.source == "search" and "rew_inf" not in plan.calls
@@ -208,8 +238,24 @@ def test_cli_prints_plan_and_summary_line(tmp_path, capsys):
 
 
 def test_cli_rejects_unknown_model(capsys):
-    rc = main(["--actor", "nope", "--critic", "llama-2-7b", "--nodes", "1", "--gpus-per-node", "8",
-               "--batch", "8", "--prompt-len", "8", "--gen-len", "8"])
+    rc = main(
+        [
+            "--actor",
+            "nope",
+            "--critic",
+            "llama-2-7b",
+            "--nodes",
+            "1",
+            "--gpus-per-node",
+            "8",
+            "--batch",
+            "8",
+            "--prompt-len",
+            "8",
+            "--gen-len",
+            "8",
+        ]
+    )
     assert rc == 2 and "unknown model 'nope'" in capsys.readouterr().err
 
 

@@ -30,11 +30,14 @@ def _nccl_pairs(rank, world_size):
     spec = tiny_spec()
     ref = {n: t.cuda() for n, t in reference_weights(spec.shapes()).items()}
     bad = []
-    for src_layout, dst_layout in [(Layout(fsdp=world_size), Layout(tp=world_size)),
-                                   (Layout(tp=world_size), Layout(dp=world_size))]:
+    for src_layout, dst_layout in [
+        (Layout(fsdp=world_size), Layout(tp=world_size)),
+        (Layout(tp=world_size), Layout(dp=world_size)),
+    ]:
         src, dst = src_layout.holdings(spec), dst_layout.holdings(spec)
-        got, _ = reshard(make_plan(src, dst, spec.shapes()), shards_of(src, ref, rank), dtype=torch.float32,
-                         bucket_bytes=64 << 10)
+        got, _ = reshard(
+            make_plan(src, dst, spec.shapes()), shards_of(src, ref, rank), dtype=torch.float32, bucket_bytes=64 << 10
+        )
         bad += mismatches(dst, ref, got, rank)
     return bad
 

@@ -1,4 +1,5 @@
 """Token-level rewards from ShapedReward, with a stand-in PRM/ORM whose scores are written below."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -53,8 +54,13 @@ def sample(tok, steps, eos=True) -> RewardSample:
 
 
 def prm_reward(tok, refinement, alpha=1.0, eta=0.85) -> ShapedReward:
-    cfg = RewardConfig(kind=RewardKind.prm, refinement=refinement, alpha=alpha, eta=eta,
-                       model=RewardModelConfig(path="builtin:synthetic-prm"))
+    cfg = RewardConfig(
+        kind=RewardKind.prm,
+        refinement=refinement,
+        alpha=alpha,
+        eta=eta,
+        model=RewardModelConfig(path="builtin:synthetic-prm"),
+    )
     return ShapedReward(cfg, tok, FakePRM(), fake_grade)
 
 
@@ -121,8 +127,12 @@ def out_step_ends(tok, s):
 
 def test_padded_batch_shapes_and_masks(tok):
     """Responses with K = 1, K = 2, K = 3 and an empty one, different lengths: T = the longest."""
-    batch = [sample(tok, [ANSWER]), sample(tok, [STEP_1, ANSWER], eos=False),
-             sample(tok, [STEP_1, STEP_2, ANSWER]), RewardSample(QUESTION, "36", "math", "", "", [])]
+    batch = [
+        sample(tok, [ANSWER]),
+        sample(tok, [STEP_1, ANSWER], eos=False),
+        sample(tok, [STEP_1, STEP_2, ANSWER]),
+        RewardSample(QUESTION, "36", "math", "", "", []),
+    ]
     lengths = [len(s.response_token_ids) for s in batch]
     out = prm_reward(tok, Refinement.none)(batch)
     assert out.token_rewards.shape == (4, max(lengths)) and out.token_rewards.dtype == torch.float32
@@ -158,8 +168,12 @@ def test_success_and_orm_on_the_final_token(tok):
 
 
 def test_eta_is_calibrated_on_the_first_call(tok):
-    cfg = RewardConfig(kind=RewardKind.prm, refinement=Refinement.clip, eta_zero_fraction=0.75,
-                       model=RewardModelConfig(path="builtin:synthetic-prm"))
+    cfg = RewardConfig(
+        kind=RewardKind.prm,
+        refinement=Refinement.clip,
+        eta_zero_fraction=0.75,
+        model=RewardModelConfig(path="builtin:synthetic-prm"),
+    )
     reward = ShapedReward(cfg, tok, FakePRM(), fake_grade)
     # Steps score 0.9, 0.8, 0.95 and 0.95: three of four at or above eta = 0.9; only the 0.8 step pays.
     out = reward([sample(tok, [STEP_1, STEP_2, ANSWER]), sample(tok, [ANSWER])])
@@ -173,11 +187,28 @@ def test_eta_is_calibrated_on_the_first_call(tok):
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
-        (dict(kind=RewardKind.prm, refinement=Refinement.clip, eta=1.5, model=RewardModelConfig(path="x")), "reward.eta"),
-        (dict(kind=RewardKind.prm, refinement=Refinement.clip, eta=-0.1, model=RewardModelConfig(path="x")), "reward.eta"),
+        (
+            dict(kind=RewardKind.prm, refinement=Refinement.clip, eta=1.5, model=RewardModelConfig(path="x")),
+            "reward.eta",
+        ),
+        (
+            dict(kind=RewardKind.prm, refinement=Refinement.clip, eta=-0.1, model=RewardModelConfig(path="x")),
+            "reward.eta",
+        ),
         (dict(kind=RewardKind.prm), "reward.model.path"),
-        (dict(kind=RewardKind.orm, refinement=Refinement.delta, model=RewardModelConfig(path="x")), "only applies to reward.kind=prm"),
-        (dict(kind=RewardKind.prm, refinement=Refinement.delta, eta_zero_fraction=0.8, model=RewardModelConfig(path="x")), "eta_zero_fraction"),
+        (
+            dict(kind=RewardKind.orm, refinement=Refinement.delta, model=RewardModelConfig(path="x")),
+            "only applies to reward.kind=prm",
+        ),
+        (
+            dict(
+                kind=RewardKind.prm,
+                refinement=Refinement.delta,
+                eta_zero_fraction=0.8,
+                model=RewardModelConfig(path="x"),
+            ),
+            "eta_zero_fraction",
+        ),
     ],
 )
 def test_bad_configs_fail_at_construction(kwargs, fragment):

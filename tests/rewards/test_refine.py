@@ -1,4 +1,5 @@
 """Clip, Delta and Clip-Delta on worked examples a person can check by hand."""
+
 from __future__ import annotations
 
 import pytest
@@ -104,6 +105,7 @@ def test_return_to_go_when_a_junk_step_is_inserted_before_the_answer():
     delta:      answer now -> 0;  junk first -> 0.6      (a bounded push to keep going)
     clip-delta: answer now -> 0;  junk first -> c~ = min(0.6 - 0.8, 0) = -0.2   (a push to stop)
     """
+
     def return_to_go_from_step(rewards: torch.Tensor, k: int) -> float:
         return rewards[k:].sum().item()
 
@@ -137,7 +139,9 @@ def test_eta_from_a_padded_tensor_counts_only_real_steps():
     scores = torch.tensor([[0.1, 0.2, 0.3, 0.0], [0.4, 0.5, 0.0, 0.0]])
     mask = torch.tensor([[True, True, True, False], [True, True, False, False]])
     assert eta_for_zero_fraction(scores, 0.6, mask) == pytest.approx(0.3)
-    assert eta_for_zero_fraction(scores, 0.6, mask) == pytest.approx(eta_for_zero_fraction([[0.1, 0.2, 0.3], [0.4, 0.5]], 0.6))
+    assert eta_for_zero_fraction(scores, 0.6, mask) == pytest.approx(
+        eta_for_zero_fraction([[0.1, 0.2, 0.3], [0.4, 0.5]], 0.6)
+    )
     with pytest.raises(ValueError, match="step_mask"):
         eta_for_zero_fraction(scores, 0.6)  # a padded tensor without its mask is refused
     assert eta_for_zero_fraction(torch.tensor([0.1, 0.2, 0.3, 0.4, 0.5]), 0.6) == pytest.approx(0.3)

@@ -1,4 +1,5 @@
 """Reward models on the tiny backbone (random heads): counts, ranges, batching, and the readouts by hand."""
+
 from __future__ import annotations
 
 import pytest
@@ -88,7 +89,7 @@ def test_truncated_prm_keeps_the_question_and_c1(rm_dirs):
     assert len(windows) >= 3 and all(len(ids) <= num_tokens // 3 for ids, _ in windows)
     assert sum(len(r) for _, r in windows) == len(steps)
     orm_text = rm_input(RMFormat(), QUESTION, [Step(text, "")])[0]
-    (ids, (read,)), = short._windows(QUESTION, orm_text, None)
+    ((ids, (read,)),) = short._windows(QUESTION, orm_text, None)
     assert short.tokenizer.decode(ids).startswith(QUESTION) and read == len(ids) - 1
 
 
@@ -99,7 +100,9 @@ def test_value_head_prm_scores(rm_dirs):
     assert [len(s) for s in scores] == [1, 2, 4]
     assert all(0.0 <= c <= 1.0 for s in scores for c in s)
     one_by_one = [prm.score_steps([QUESTION], [steps_of(r)])[0] for r in RESPONSES]
-    assert torch.allclose(torch.tensor(sum(scores, [])), torch.tensor(sum(one_by_one, [])), atol=1e-5)  # padding is inert
+    assert torch.allclose(
+        torch.tensor(sum(scores, [])), torch.tensor(sum(one_by_one, [])), atol=1e-5
+    )  # padding is inert
     # A causal model reads step k from the prefix only: appending steps does not move earlier scores.
     longer = prm.score_steps([QUESTION], [steps_of(RESPONSES[1] + "\n\nmore\n\nsteps")])[0]
     assert longer[:1] == pytest.approx(scores[1][:1], abs=1e-5)
@@ -155,11 +158,20 @@ def test_policy_and_reward_model_with_different_tokenizers(rm_dirs):
     raw = Tokenizer(models.BPE())
     raw.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     raw.decoder = decoders.ByteLevel()
-    raw.train_from_iterator(RESPONSES * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"], show_progress=False,
-                                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    raw.train_from_iterator(
+        RESPONSES * 20,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<eos>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
     policy_tok = PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>")
     prm = load_reward_model(rm_dirs["prm"], RewardModelConfig(), RewardKind.prm)
-    cfg = RewardConfig(kind=RewardKind.prm, refinement=Refinement.none, model=RewardModelConfig(path="builtin:synthetic-prm"))
+    cfg = RewardConfig(
+        kind=RewardKind.prm, refinement=Refinement.none, model=RewardModelConfig(path="builtin:synthetic-prm")
+    )
 
     class Grade:
         correct, extracted = False, None

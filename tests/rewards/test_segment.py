@@ -1,4 +1,5 @@
 """Step segmentation: steps tile the response, junk steps are kept, step ends are exact per token."""
+
 from __future__ import annotations
 
 import pytest
@@ -30,8 +31,12 @@ def straddling_tok():
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<eos>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=320,
+        special_tokens=["<eos>"],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(["x = 1.\n\ny = 2.\n\nSo 3.\n\n"] * 50, trainer=trainer)
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
 

@@ -1,4 +1,5 @@
 """Reward-model training: data readers on worked records, a few-step run on the tiny model, the Hydra config."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,10 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 
 def test_math_shepherd_record(tmp_path):
-    record = {"input": "What is 2+3*4? Step 1: 3*4 = 12 ки\nStep 2: 2+12 = 15 ки\nStep 3: The answer is: 15 ки",
-              "label": "What is 2+3*4? Step 1: 3*4 = 12 +\nStep 2: 2+12 = 15 -\nStep 3: The answer is: 15 -"}
+    record = {
+        "input": "What is 2+3*4? Step 1: 3*4 = 12 ки\nStep 2: 2+12 = 15 ки\nStep 3: The answer is: 15 ки",
+        "label": "What is 2+3*4? Step 1: 3*4 = 12 +\nStep 2: 2+12 = 15 -\nStep 3: The answer is: 15 -",
+    }
     path = tmp_path / "ms.jsonl"
     path.write_text(json.dumps(record) + "\n")
     [ex] = load_examples(path)
@@ -30,12 +33,18 @@ def test_prm800k_record(tmp_path):
     def completion(text, rating):
         return {"text": text, "rating": rating}
 
-    record = {"question": {"problem": "What is 1+1?", "ground_truth_answer": "2"},
-              "label": {"finish_reason": "found_error", "steps": [
-                  {"completions": [completion("1+1 is two.", 1), completion("Hmm.", 0)], "chosen_completion": 0},
-                  {"completions": [completion("Let me think.", 0)], "chosen_completion": 0},
-                  {"completions": [completion("So it is 3.", -1)], "chosen_completion": None},
-                  {"completions": [completion("never reached", 1)], "chosen_completion": 0}]}}
+    record = {
+        "question": {"problem": "What is 1+1?", "ground_truth_answer": "2"},
+        "label": {
+            "finish_reason": "found_error",
+            "steps": [
+                {"completions": [completion("1+1 is two.", 1), completion("Hmm.", 0)], "chosen_completion": 0},
+                {"completions": [completion("Let me think.", 0)], "chosen_completion": 0},
+                {"completions": [completion("So it is 3.", -1)], "chosen_completion": None},
+                {"completions": [completion("never reached", 1)], "chosen_completion": 0},
+            ],
+        },
+    }
     path = tmp_path / "prm800k.jsonl"
     path.write_text(json.dumps(record) + "\n")
     [ex] = load_examples(path, "prm800k")
@@ -78,8 +87,9 @@ def test_synthetic_examples_are_labelled_by_the_grader():
     from eval.synthetic import generate_problems
 
     problems = generate_problems(3, seed=5)
-    examples = synthetic_examples(problems, seed=0, num_corrupted=1, num_junk=2,
-                                  grade=lambda r, g: [x.correct for x in grade_many(r, g)])
+    examples = synthetic_examples(
+        problems, seed=0, num_corrupted=1, num_junk=2, grade=lambda r, g: [x.correct for x in grade_many(r, g)]
+    )
     assert len(examples) == 3 * (2 + 2)
     for ex in examples:
         assert len(ex.step_labels) == len(ex.steps)
@@ -94,8 +104,15 @@ def test_synthetic_examples_are_labelled_by_the_grader():
 
 
 def tiny_run(kind: RMKind, readout: Readout = Readout.auto) -> RMTrainConfig:
-    return RMTrainConfig(kind=kind, readout=readout, num_steps=3, batch_size=8, num_warmup_steps=1, log_every=2,
-                         synthetic=SyntheticRMData(num_train_problems=6, num_heldout_problems=3))
+    return RMTrainConfig(
+        kind=kind,
+        readout=readout,
+        num_steps=3,
+        batch_size=8,
+        num_warmup_steps=1,
+        log_every=2,
+        synthetic=SyntheticRMData(num_train_problems=6, num_heldout_problems=3),
+    )
 
 
 def test_auxiliary_lm_loss_is_the_causal_lm_loss_on_response_tokens(tiny_model_dir):
@@ -137,11 +154,24 @@ def reward_on_one_solution(path, kind: RMKind, tiny_model_dir):
     from rewards.types import RewardSample
 
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
-    cfg = RewardConfig(kind=RewardKind(kind.value), refinement=Refinement.clip_delta if kind == RMKind.prm else Refinement.none,
-                       model=RewardModelConfig(path=str(path)))
+    cfg = RewardConfig(
+        kind=RewardKind(kind.value),
+        refinement=Refinement.clip_delta if kind == RMKind.prm else Refinement.none,
+        model=RewardModelConfig(path=str(path)),
+    )
     text = "7 + 5 = 12\n\n12 * 3 = 36\n\nThe answer is \\boxed{36}."
-    out = build_reward_fn(cfg, tok)([RewardSample("Start with 7. Add 5, then multiply by 3. What is the result?", "36",
-                                                  "math", "", text, tok(text).input_ids + [tok.eos_token_id])])
+    out = build_reward_fn(cfg, tok)(
+        [
+            RewardSample(
+                "Start with 7. Add 5, then multiply by 3. What is the result?",
+                "36",
+                "math",
+                "",
+                text,
+                tok(text).input_ids + [tok.eos_token_id],
+            )
+        ]
+    )
     assert out.success.tolist() == [1.0] and out.num_steps.tolist() == [3]
     return out
 
@@ -211,9 +241,22 @@ def test_cli_trains_into_output_dir(tmp_path):
     root = Path(__file__).resolve().parents[2]
     out = tmp_path / "orm"
     result = subprocess.run(
-        [sys.executable, "-m", "rewards.train_rm", "kind=orm", f"output_dir={out}", "num_steps=5",
-         "synthetic.num_train_problems=20", "synthetic.num_heldout_problems=5", f"hydra.run.dir={tmp_path / 'hydra'}"],
-        cwd=root, env={**os.environ, "PYTHONPATH": str(root)}, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "rewards.train_rm",
+            "kind=orm",
+            f"output_dir={out}",
+            "num_steps=5",
+            "synthetic.num_train_problems=20",
+            "synthetic.num_heldout_problems=5",
+            f"hydra.run.dir={tmp_path / 'hydra'}",
+        ],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "[train_rm]" in result.stderr and '"final_accuracy"' in result.stdout

@@ -1,4 +1,5 @@
 """KL-shaped rewards, GAE and whitening against numbers worked out by hand."""
+
 import pytest
 import torch
 
@@ -115,6 +116,8 @@ def test_explained_variance_by_hand():
     mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
     assert explained_variance(values, returns, mask) == pytest.approx(0.85)
     assert explained_variance(returns, returns, mask) == pytest.approx(1.0)
-    assert explained_variance(torch.zeros_like(returns), returns, mask) == pytest.approx(0.0)  # a constant explains nothing
+    assert explained_variance(torch.zeros_like(returns), returns, mask) == pytest.approx(
+        0.0
+    )  # a constant explains nothing
     assert explained_variance(-returns, returns, mask) == pytest.approx(-3.0)  # Var(2R) = 4 Var(R)
     assert explained_variance(values, torch.ones_like(returns), mask) == 0.0  # nothing to explain

@@ -1,4 +1,5 @@
 """Checkpoints are atomic: a write that dies midway leaves the previous checkpoint usable."""
+
 from __future__ import annotations
 
 import os

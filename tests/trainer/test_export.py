@@ -1,4 +1,5 @@
 """`python -m trainer.export` and `python -m eval model=RUN/checkpoints/iter_N` on a real (tiny) training run."""
+
 from __future__ import annotations
 
 import json
@@ -12,9 +13,17 @@ import pytest
 from trainer.export import ExportError, find_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = ["sft.num_steps=30", "rollout.num_prompts=4", "rollout.num_samples_per_prompt=2", "rollout.max_new_tokens=32",
-         "data.synthetic_num_train=64", "data.synthetic_num_heldout=16", "run.eval_every=0",
-         "run.num_heldout_samples=0", "ppo.num_minibatches=2"]
+SMALL = [
+    "sft.num_steps=30",
+    "rollout.num_prompts=4",
+    "rollout.num_samples_per_prompt=2",
+    "rollout.max_new_tokens=32",
+    "data.synthetic_num_train=64",
+    "data.synthetic_num_heldout=16",
+    "run.eval_every=0",
+    "run.num_heldout_samples=0",
+    "ppo.num_minibatches=2",
+]
 
 
 def _run(args: list[str], timeout: int = 1800) -> subprocess.CompletedProcess:
@@ -57,8 +66,17 @@ def test_exported_policy_reproduces_the_trainers_heldout_accuracy(tmp_path):
     assert not torch.equal(model.model.layers[0].mlp.up_proj.weight, base.model.layers[0].mlp.up_proj.weight)
 
     # The same problems, prompt and token budget as the trainer's held-out evaluation, through vLLM.
-    proc = _run(["-m", "eval", f"model={run}/checkpoints/iter_000002", f"data.name={hf}/heldout.jsonl",
-                 "prompt=trained", "max_new_tokens=32", f"out_dir={tmp_path / 'eval'}"])
+    proc = _run(
+        [
+            "-m",
+            "eval",
+            f"model={run}/checkpoints/iter_000002",
+            f"data.name={hf}/heldout.jsonl",
+            "prompt=trained",
+            "max_new_tokens=32",
+            f"out_dir={tmp_path / 'eval'}",
+        ]
+    )
     summary = json.loads((Path(proc.stdout.strip().splitlines()[-1]) / "summary.json").read_text())
     assert summary["num_problems"] == 16
     assert summary["accuracy"]["mean"] == pytest.approx(trainer_after)

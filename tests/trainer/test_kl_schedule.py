@@ -1,4 +1,5 @@
 """KL controllers and learning-rate schedules with hand-checked numbers."""
+
 import math
 
 import pytest

@@ -1,4 +1,5 @@
 """PPO-clip, clipped value loss, logprobs and entropy: the four clipping cases worked out by hand."""
+
 import math
 
 import pytest

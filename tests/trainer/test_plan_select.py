@@ -1,5 +1,6 @@
 """cluster.plan -> ExecutionPlan: the heuristic rule on every cluster shape, the disjoint placement,
 plan files checked against the cluster and the configured model, with errors naming file, call and field."""
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -73,17 +74,28 @@ def test_generation_runs_in_waves_whose_kv_cache_fits_16_gib():
     # 4096 prompts x 8 samples of 1024 + 1024 tokens on one 8-GPU node: 4096 sequences per 7B replica
     # x 117 MB of KV cache (2 x 4 kv heads x 128 x 2 B x 28 layers = 56 KiB per token) = 448 GiB
     # -> 28 -> 32 waves.
-    cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-7b-instruct", "rollout.num_prompts=4096",
-               "rollout.num_samples_per_prompt=8", "rollout.max_prompt_tokens=1024", "rollout.max_new_tokens=1024")
+    cfg = _cfg(
+        "cluster=gpu_1x8",
+        "model=qwen2.5-math-7b-instruct",
+        "rollout.num_prompts=4096",
+        "rollout.num_samples_per_prompt=8",
+        "rollout.max_prompt_tokens=1024",
+        "rollout.max_new_tokens=1024",
+    )
     gen = resolve_plan(cfg, model_specs(cfg)).calls["actor_gen"]
     assert (gen.dp, gen.tp, gen.num_microbatches) == (8, 1, 32)
 
 
 @pytest.mark.parametrize("num_nodes, per_node", [(1, 1), (1, 3), (2, 3), (3, 2), (1, 6)])
 def test_heuristic_fits_odd_cluster_shapes(num_nodes, per_node):
-    cfg = _cfg("model=qwen2.5-math-7b", "cluster=gpu_1x8", f"cluster.num_nodes={num_nodes}",
-               f"cluster.devices_per_node={per_node}", "+reward=prm",
-               "reward.model.path=peiyi9979/math-shepherd-mistral-7b-prm")
+    cfg = _cfg(
+        "model=qwen2.5-math-7b",
+        "cluster=gpu_1x8",
+        f"cluster.num_nodes={num_nodes}",
+        f"cluster.devices_per_node={per_node}",
+        "+reward=prm",
+        "reward.model.path=peiyi9979/math-shepherd-mistral-7b-prm",
+    )
     specs = model_specs(cfg)
     plan = resolve_plan(cfg, specs)  # validates
     assert plan.num_devices == num_nodes * per_node
@@ -101,8 +113,11 @@ def test_disjoint_gives_each_role_its_own_devices():
 
 def test_disjoint_on_too_few_devices_says_how_many_it_needs():
     cfg = _cfg("cluster.plan=disjoint", "+reward=prm")  # 5 roles, local_cpu has 2 devices
-    with pytest.raises(PlanError, match=r"5 roles need 5 devices, the cluster has 2 \(cluster.num_nodes=1 x "
-                                        r"cluster.devices_per_node=2\)"):
+    with pytest.raises(
+        PlanError,
+        match=r"5 roles need 5 devices, the cluster has 2 \(cluster.num_nodes=1 x "
+        r"cluster.devices_per_node=2\)",
+    ):
         resolve_plan(cfg, model_specs(cfg))
 
 
@@ -171,8 +186,9 @@ def test_search_returns_a_fitting_plan_within_its_budget_and_writes_it(tmp_path)
     from reallocation.estimator import estimate_plan, hardware
     from trainer.plan_select import workload
 
-    cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-7b-instruct", "cluster.plan=search",
-               "cluster.plan_search_seconds=1")
+    cfg = _cfg(
+        "cluster=gpu_1x8", "model=qwen2.5-math-7b-instruct", "cluster.plan=search", "cluster.plan_search_seconds=1"
+    )
     specs = model_specs(cfg)
     t = time.monotonic()
     plan = resolve_plan(cfg, specs, run_dir=tmp_path)
@@ -182,8 +198,14 @@ def test_search_returns_a_fitting_plan_within_its_budget_and_writes_it(tmp_path)
     assert ExecutionPlan.load(tmp_path / PLAN_FILE).calls == plan.calls
 
 
-@pytest.mark.parametrize("model, named", [("qwen2.5-math-1.5b-instruct", "qwen2.5-math-1.5b"),
-                                          ("qwen2.5-math-7b", "qwen2.5-math-7b"), ("smollm2-135m", "smollm2-135m")])
+@pytest.mark.parametrize(
+    "model, named",
+    [
+        ("qwen2.5-math-1.5b-instruct", "qwen2.5-math-1.5b"),
+        ("qwen2.5-math-7b", "qwen2.5-math-7b"),
+        ("smollm2-135m", "smollm2-135m"),
+    ],
+)
 def test_model_config_shapes_agree_with_the_plan_searchs_named_shapes(model, named):
     from reallocation.shapes import named_spec
 
@@ -191,8 +213,12 @@ def test_model_config_shapes_agree_with_the_plan_searchs_named_shapes(model, nam
 
 
 def test_a_public_prm_is_planned_from_its_known_shape_without_download():
-    cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-1.5b-instruct", "+reward=prm",
-               "reward.model.path=peiyi9979/math-shepherd-mistral-7b-prm")
+    cfg = _cfg(
+        "cluster=gpu_1x8",
+        "model=qwen2.5-math-1.5b-instruct",
+        "+reward=prm",
+        "reward.model.path=peiyi9979/math-shepherd-mistral-7b-prm",
+    )
     specs = model_specs(cfg)
     assert round(specs["reward"].num_params() / 1e9, 2) == 7.24  # Mistral-7B
     rew = resolve_plan(cfg, specs).calls["rew_inf"]

@@ -1,4 +1,5 @@
 """run.name (a fixed, resumable run directory), the synthetic-reward-model guard and the reward paper recipes."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,7 +29,10 @@ def _run_dir(overrides: list[str]) -> str:
 
 
 def test_run_name_gives_a_fixed_directory_under_outputs():
-    assert _run_dir(["run.name=reward_paper_1.5b/prm_clip_delta/seed0"]) == "outputs/reward_paper_1.5b/prm_clip_delta/seed0"
+    assert (
+        _run_dir(["run.name=reward_paper_1.5b/prm_clip_delta/seed0"])
+        == "outputs/reward_paper_1.5b/prm_clip_delta/seed0"
+    )
     assert _run_dir(["run.name=/data/runs/a"]) == "/data/runs/a"
     stamped = _run_dir([])
     assert stamped.startswith("outputs/20") and stamped.count("/") == 2  # outputs/<date>/<time>
@@ -41,21 +45,34 @@ def test_synthetic_reward_model_with_a_hub_policy_fails_naming_a_public_one(rewa
     message = str(info.value)
     assert "builtin:synthetic-" in message and names in message
     if reward.startswith("prm"):
-        for override in ("reward.model.readout=step_tag", "reward.model.step_tag=' ки'", "reward.model.good_token=+",
-                         "reward.model.bad_token=-", "reward.model.question_template='{question} '"):
+        for override in (
+            "reward.model.readout=step_tag",
+            "reward.model.step_tag=' ки'",
+            "reward.model.good_token=+",
+            "reward.model.bad_token=-",
+            "reward.model.question_template='{question} '",
+        ):
             assert override in message
     # The tiny policy on the synthetic task keeps its built-ins; a real reward model is accepted.
     assert _compose([f"+reward={reward}"]).reward.model.path.startswith("builtin:synthetic-")
     assert _compose([f"+reward={reward}", "model=qwen2.5-math-1.5b-instruct", "reward.model.path=/m/rm"])
 
 
-@pytest.mark.parametrize("size, model, num_prompts", [("1.5b", "qwen2.5-math-1.5b-instruct", 1024),
-                                                     ("7b", "qwen2.5-math-7b-instruct", 4096)])
+@pytest.mark.parametrize(
+    "size, model, num_prompts", [("1.5b", "qwen2.5-math-1.5b-instruct", 1024), ("7b", "qwen2.5-math-7b-instruct", 4096)]
+)
 @pytest.mark.parametrize("cluster, num_devices", [("gpu_1x8", 8), ("gpu_2x8", 16)])
 @pytest.mark.parametrize("plan", ["heuristic", "search"])
 def test_reward_paper_recipes(size, model, num_prompts, cluster, num_devices, plan):
-    cfg = _compose([f"experiment=reward_paper_{size}", "+reward=prm_clip_delta", "reward.model.path=/m/prm",
-                    f"cluster={cluster}", f"cluster.plan={plan}"])
+    cfg = _compose(
+        [
+            f"experiment=reward_paper_{size}",
+            "+reward=prm_clip_delta",
+            "reward.model.path=/m/prm",
+            f"cluster={cluster}",
+            f"cluster.plan={plan}",
+        ]
+    )
     assert cfg.model.name == model and cfg.sft.num_steps == 0
     assert (cfg.rollout.num_prompts, cfg.rollout.num_samples_per_prompt) == (num_prompts, 8)  # the paper's batch
     assert cfg.ppo.gamma == 1.0 and (cfg.data.name, cfg.data.heldout) == ("math_train", "math500")

@@ -1,5 +1,6 @@
 """The plan runtime's pure parts: which shards each device hosts, which process groups a plan
 needs, call spans and the timeline picture (the deployment itself: test_runtime_cluster.py)."""
+
 from __future__ import annotations
 
 import pytest
@@ -23,16 +24,25 @@ def _plan(**calls: CallAllocation) -> ExecutionPlan:
 
 
 DISJOINT = _plan(
-    actor_gen=CallAllocation((0, 1), dp=2), actor_train=CallAllocation((0, 1, 2, 3), dp=4),
-    critic_train=CallAllocation((4, 5, 6, 7), dp=4), critic_inf=CallAllocation((6, 7), dp=2),
-    ref_inf=CallAllocation((5,)), rew_inf=CallAllocation((4,)),
+    actor_gen=CallAllocation((0, 1), dp=2),
+    actor_train=CallAllocation((0, 1, 2, 3), dp=4),
+    critic_train=CallAllocation((4, 5, 6, 7), dp=4),
+    critic_inf=CallAllocation((6, 7), dp=2),
+    ref_inf=CallAllocation((5,)),
+    rew_inf=CallAllocation((4,)),
 )
 
 
 def test_roles_and_groups_of_a_plan_with_disjoint_inference():
     assert [roles_on(DISJOINT, d) for d in range(8)] == [
-        ["actor"], ["actor"], ["actor"], ["actor"],
-        ["critic", "reward"], ["critic", "ref"], ["critic", "critic_inf"], ["critic", "critic_inf"],
+        ["actor"],
+        ["actor"],
+        ["actor"],
+        ["actor"],
+        ["critic", "reward"],
+        ["critic", "ref"],
+        ["critic", "critic_inf"],
+        ["critic", "critic_inf"],
     ]
     assert critic_needs_realloc(DISJOINT)
     # Training meshes, and the unions that reallocation runs over (actor_gen is inside actor_train).
@@ -41,16 +51,26 @@ def test_roles_and_groups_of_a_plan_with_disjoint_inference():
 
 def test_colocated_plan_runs_critic_inference_on_the_training_shards():
     everything = CallAllocation(tuple(range(8)), dp=8)
-    plan = _plan(actor_gen=CallAllocation((0, 1, 2, 3), dp=4), actor_train=everything, critic_train=everything,
-                 critic_inf=everything, ref_inf=everything)
+    plan = _plan(
+        actor_gen=CallAllocation((0, 1, 2, 3), dp=4),
+        actor_train=everything,
+        critic_train=everything,
+        critic_inf=everything,
+        ref_inf=everything,
+    )
     assert not critic_needs_realloc(plan)
     assert roles_on(plan, 7) == ["actor", "critic", "ref"]
     assert mesh_groups(plan) == [tuple(range(8))]
 
 
 def test_unsupported_layouts_fail_naming_the_call():
-    plan = _plan(actor_gen=CallAllocation((0, 1), tp=2), actor_train=CallAllocation((0,)),
-                 critic_train=CallAllocation((0,)), critic_inf=CallAllocation((0,)), ref_inf=CallAllocation((0,)))
+    plan = _plan(
+        actor_gen=CallAllocation((0, 1), tp=2),
+        actor_train=CallAllocation((0,)),
+        critic_train=CallAllocation((0,)),
+        critic_inf=CallAllocation((0,)),
+        ref_inf=CallAllocation((0,)),
+    )
     with pytest.raises(UnsupportedPlan, match=r"calls.actor_gen.tp=2: the plan runtime runs dp layouts only"):
         check_supported(plan)
 
@@ -64,8 +84,12 @@ def test_row_slices_cover_the_batch_in_order():
 
 def test_call_spans_and_timeline(tmp_path):
     t0 = 100.0
-    events = [Event("actor_train", 0, 102.0, 105.0), Event("actor_train", 1, 102.1, 105.2),
-              Event("critic_train", 2, 102.0, 104.0), Event("reward", -1, 101.0, 101.5)]
+    events = [
+        Event("actor_train", 0, 102.0, 105.0),
+        Event("actor_train", 1, 102.1, 105.2),
+        Event("critic_train", 2, 102.0, 104.0),
+        Event("reward", -1, 101.0, 101.5),
+    ]
     spans = call_spans(events, t0)
     assert spans["call/actor_train/start_s"] == pytest.approx(2.0)
     assert spans["call/actor_train/end_s"] == pytest.approx(5.2)

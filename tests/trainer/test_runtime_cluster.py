@@ -10,6 +10,7 @@
   picture exists, and both plans give the same losses and metrics (placement must not change the
   math; tolerance below).
 """
+
 from __future__ import annotations
 
 import json
@@ -80,13 +81,27 @@ def test_device_pool_places_each_device_on_its_node_and_gpu(cluster_address):
 
 
 def _train(address: str, run_dir: Path, *overrides: str) -> list[dict]:
-    args = [sys.executable, "train.py", f"cluster.address={address}", f"cluster.num_nodes={NUM_NODES}",
-            # 600 SFT steps (the default run's): some samples succeed, so advantages, losses and the
-            # updates are not zero and the comparison below means something.
-            f"cluster.devices_per_node={GPUS_PER_NODE}", "run.num_iterations=2", "sft.num_steps=600",
-            "rollout.num_prompts=8", "rollout.num_samples_per_prompt=2", "rollout.max_new_tokens=48",
-            "data.synthetic_num_train=64", "data.synthetic_num_heldout=8", "run.eval_every=0",
-            "run.num_heldout_samples=0", "ppo.num_minibatches=2", f"hydra.run.dir={run_dir}", *overrides]
+    args = [
+        sys.executable,
+        "train.py",
+        f"cluster.address={address}",
+        f"cluster.num_nodes={NUM_NODES}",
+        # 600 SFT steps (the default run's): some samples succeed, so advantages, losses and the
+        # updates are not zero and the comparison below means something.
+        f"cluster.devices_per_node={GPUS_PER_NODE}",
+        "run.num_iterations=2",
+        "sft.num_steps=600",
+        "rollout.num_prompts=8",
+        "rollout.num_samples_per_prompt=2",
+        "rollout.max_new_tokens=48",
+        "data.synthetic_num_train=64",
+        "data.synthetic_num_heldout=8",
+        "run.eval_every=0",
+        "run.num_heldout_samples=0",
+        "ppo.num_minibatches=2",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
+    ]
     env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
     proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -110,8 +125,10 @@ calls:
 def test_two_plans_train_the_same_on_a_simulated_two_node_cluster(cluster_address, tmp_path):
     plan_path = tmp_path / "plan.yaml"
     plan_path.write_text(DISJOINT_INFERENCE)
-    runs = {"default": _train(cluster_address, tmp_path / "default"),
-            "disjoint": _train(cluster_address, tmp_path / "disjoint", f"cluster.plan={plan_path}")}
+    runs = {
+        "default": _train(cluster_address, tmp_path / "default"),
+        "disjoint": _train(cluster_address, tmp_path / "disjoint", f"cluster.plan={plan_path}"),
+    }
     for name, rows in runs.items():
         run_dir = tmp_path / name
         assert [r["iteration"] for r in rows] == [0, 1, 2]
@@ -132,8 +149,18 @@ def test_two_plans_train_the_same_on_a_simulated_two_node_cluster(cluster_addres
     for row in disjoint[1:]:
         assert row["call/ref_inf/start_s"] < row["call/actor_inf/end_s"]
     assert all(0 < r["reward/success"] for r in disjoint[1:]) and any(r["actor/loss"] != 0 for r in disjoint[1:])
-    keys = ["reward/success", "response/length", "kl/mean", "actor/loss", "actor/clip_frac", "actor/grad_norm",
-            "critic/loss", "critic/grad_norm", "advantages/mean", "returns/mean"]
+    keys = [
+        "reward/success",
+        "response/length",
+        "kl/mean",
+        "actor/loss",
+        "actor/clip_frac",
+        "actor/grad_norm",
+        "critic/loss",
+        "critic/grad_norm",
+        "advantages/mean",
+        "returns/mean",
+    ]
     for a, b in zip(runs["default"][1:], disjoint[1:]):
         for key in keys:
             assert b[key] == pytest.approx(a[key], rel=REL_TOLERANCE, abs=1e-6), (a["iteration"], key)

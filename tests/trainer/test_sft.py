@@ -1,4 +1,5 @@
 """SFT warm-up: the prompt matches the rollout's, labels cover solution + EOS only, loss goes down."""
+
 from __future__ import annotations
 
 import torch
@@ -39,7 +40,7 @@ def test_sft_batches_use_each_example_once_per_epoch(tiny_model_dir):
     assert len(set(seen[:5])) == 5 and sorted(seen[:5]) == sorted(seen[5:])
     # the label mask (response_mask) covers exactly solution + EOS
     row_mask = batch["response_mask"][0]
-    assert tok.decode(batch["input_ids"][0, -row_mask.shape[0]:][row_mask.bool()]).endswith("<|im_end|>")
+    assert tok.decode(batch["input_ids"][0, -row_mask.shape[0] :][row_mask.bool()]).endswith("<|im_end|>")
 
 
 def test_sft_steps_reduce_loss(tiny_model_dir):

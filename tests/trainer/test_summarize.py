@@ -1,4 +1,5 @@
 """The sweep summary on hand-made run directories: seeds averaged per reward, rows in paper order."""
+
 from __future__ import annotations
 
 import json
@@ -13,8 +14,17 @@ def _run(root: Path, reward: str, seed: int, steps: list[float], heldout_after: 
     (run / ".hydra" / "overrides.yaml").write_text(f"- run.seed={seed}\n- +reward={reward}\n- experiment=mini_repro\n")
     rows = [{"iteration": 0, "heldout/success": 0.5}]
     for i, s in enumerate(steps, start=1):
-        rows.append({"iteration": i, "response/num_steps": s, "response/length": 10.0 * s, "reward/success": 0.25 * i,
-                     "reward/learned": s / 2, "reward/step_score": 0.5, "kl/mean": 0.1 * i})
+        rows.append(
+            {
+                "iteration": i,
+                "response/num_steps": s,
+                "response/length": 10.0 * s,
+                "reward/success": 0.25 * i,
+                "reward/learned": s / 2,
+                "reward/step_score": 0.5,
+                "kl/mean": 0.1 * i,
+            }
+        )
     rows[-1].update({"heldout/success": heldout_after, "heldout/sampled_success": heldout_after - 0.1})
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run / "summary.json").write_text(json.dumps({"heldout_before": 0.5, "heldout_after": heldout_after}))
@@ -57,7 +67,9 @@ def test_export_then_summarize_the_copies_reproduces_the_summary(tmp_path):
     run = _run(sweep, "prm", 0, [3.0, 5.0], heldout_after=0.4)
     with (run / "metrics.jsonl").open("a") as f:
         f.write(json.dumps({"iteration": 3, "response/num_steps": 6.0, "time/iteration": 9.9}) + "\n")
-    (run / "samples.jsonl").write_text("".join(json.dumps({"iteration": i, "response": f"r{i}"}) + "\n" for i in (1, 2, 3, 3)))
+    (run / "samples.jsonl").write_text(
+        "".join(json.dumps({"iteration": i, "response": f"r{i}"}) + "\n" for i in (1, 2, 3, 3))
+    )
     _run(sweep, "success", 0, [3.0, 3.0], heldout_after=0.6)
     docs = tmp_path / "docs"
     copies = export_runs(sweep, docs / "runs")

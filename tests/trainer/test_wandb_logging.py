@@ -1,4 +1,5 @@
 """Optional Weights & Biases logging beside TensorBoard: off by default, offline mode writes a local run."""
+
 from __future__ import annotations
 
 import json

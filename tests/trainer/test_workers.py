@@ -3,6 +3,7 @@
 The 2-rank test runs the same calls as the in-process (world_size=1) workers on the full batch
 and checks that every rank's slice and the resulting parameters agree within float tolerance.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -76,7 +77,10 @@ def test_logprobs_match_unpadded_forward_and_ref(tiny_model_dir):
 
 def test_critic_starts_at_zero_and_learns(tiny_model_dir):
     batch = make_batch()
-    critic = CriticWorker(model_dir=str(tiny_model_dir), ppo=PPOConfig(num_epochs=4, critic_lr=1e-2, value_clip=ValueClip.raw, value_clip_eps=10.0))
+    critic = CriticWorker(
+        model_dir=str(tiny_model_dir),
+        ppo=PPOConfig(num_epochs=4, critic_lr=1e-2, value_clip=ValueClip.raw, value_clip_eps=10.0),
+    )
     values = critic.compute_values(batch)
     assert values.shape == batch["response_mask"].shape and (values == 0).all()
     targets = {**batch, "values": values, "returns": batch["response_mask"].clone()}
@@ -99,7 +103,8 @@ def test_values_match_an_unpadded_forward_with_a_nonzero_head(tiny_model_dir):
         critic.model.score.bias.normal_() if critic.model.score.bias is not None else None
     values = critic.compute_values(batch)
     reference = AutoModelForTokenClassification.from_pretrained(
-        tiny_model_dir, config=AutoConfig.from_pretrained(tiny_model_dir, num_labels=1, classifier_dropout=0.0))
+        tiny_model_dir, config=AutoConfig.from_pretrained(tiny_model_dir, num_labels=1, classifier_dropout=0.0)
+    )
     reference.load_state_dict(critic.model.state_dict())
     for b, (ids, attn, mask) in enumerate(zip(batch["input_ids"], batch["attention_mask"], batch["response_mask"])):
         seq = ids[attn.bool()][None]
@@ -142,8 +147,10 @@ def test_checkpoint_round_trip_is_exact(tiny_model_dir, tmp_path):
     ppo = PPOConfig(num_epochs=1, num_minibatches=2, actor_lr=1e-3, critic_lr=1e-3, lr_schedule=LRSchedule.linear)
 
     def fresh():
-        return (PolicyWorker(model_dir=str(tiny_model_dir), ppo=ppo, num_iterations=4),
-                CriticWorker(model_dir=str(tiny_model_dir), ppo=ppo, num_iterations=4))
+        return (
+            PolicyWorker(model_dir=str(tiny_model_dir), ppo=ppo, num_iterations=4),
+            CriticWorker(model_dir=str(tiny_model_dir), ppo=ppo, num_iterations=4),
+        )
 
     policy, critic = fresh()
     data = add_ppo_fields(batch, policy.compute_logprobs(batch), critic.compute_values(batch))
@@ -218,7 +225,9 @@ def test_two_gloo_ranks_match_one_unsharded_process(tiny_model_dir, tmp_path):
 
     reference = policy.state_dict_for_sync()
     assert ranks[0]["policy_state"].keys() == reference.keys()
-    assert any(not torch.equal(reference[k], v) for k, v in PolicyWorker(model_dir=model_dir).state_dict_for_sync().items())
+    assert any(
+        not torch.equal(reference[k], v) for k, v in PolicyWorker(model_dir=model_dir).state_dict_for_sync().items()
+    )
     for name, tensor in reference.items():
         torch.testing.assert_close(ranks[0]["policy_state"][name], tensor, atol=2e-5, rtol=1e-4, msg=name)
     critic_reference = _full_state_dict(critic.model, critic.ranks)
