@@ -67,9 +67,12 @@ def run_setting(actor: str, critic: str, num_gpus: int, gen_len: int, seconds: f
     }
     for name in BASELINE_LABELS:
         cost = report.baselines[name][1]
-        fits = cost is not None and cost.fits
-        row[f"{name}_s_per_iteration"] = cost.seconds_per_iteration if fits else None  # None: oom
-        row[f"speedup_vs_{name}"] = cost.seconds_per_iteration / report.cost.seconds_per_iteration if fits else None
+        if cost is not None and cost.fits:
+            row[f"{name}_s_per_iteration"] = cost.seconds_per_iteration
+            row[f"speedup_vs_{name}"] = cost.seconds_per_iteration / report.cost.seconds_per_iteration
+        else:  # None: oom
+            row[f"{name}_s_per_iteration"] = None
+            row[f"speedup_vs_{name}"] = None
     return row
 
 

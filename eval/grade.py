@@ -185,8 +185,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
             rows.append((row, dataset))
 
     results = grade_many(
-        [r.get("response") for r, _ in rows],
-        [r.get("gold") for r, _ in rows],
+        [r["response"] for r, _ in rows],  # both keys checked present above
+        [r["gold"] for r, _ in rows],
         [d for _, d in rows],
         timeout_s=args.timeout,
         num_workers=args.num_workers,

@@ -180,7 +180,7 @@ REWARD_ROWS = (
 """(reward option, the paper's row name), in the paper's order."""
 BENCHMARK_NAMES = {"math500": "MATH-500", "math": "MATH", "gsm8k": "GSM8K", "synthetic": "synthetic"}
 PAPER_BENCHMARK = {"math500": "MATH", "math": "MATH", "gsm8k": "GSM8K"}
-PAPER_GREEDY = {
+PAPER_GREEDY: dict[str, dict[str, Any]] = {  # size -> {"model": name, benchmark: {reward option: %}}
     # Greedy accuracy (%) as shared/reference/reward-paper.md gives it (Tables B and C, from third-party
     # summaries of the full text, not checked against the PDF). Only the base model and SR + PR-Clip-Delta
     # are reported for the Qwen2.5-Math models.

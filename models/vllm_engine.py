@@ -301,8 +301,15 @@ class VLLMEngine:
         outputs = self.llm.generate(self._token_prompts(sequences), params, use_tqdm=False)
         result = []
         for seq, out in zip(sequences, outputs):
+            if out.prompt_logprobs is None:
+                raise RuntimeError("vLLM returned no prompt logprobs although prompt_logprobs=0 was requested")
             # Position 0 has no logprob (None); the rest hold at least the actual token.
-            result.append([float(step[int(t)].logprob) for t, step in zip(seq[1:], out.prompt_logprobs[1:])])
+            logprobs = []
+            for position, (t, step) in enumerate(zip(seq[1:], out.prompt_logprobs[1:]), start=1):
+                if step is None:
+                    raise RuntimeError(f"vLLM returned no prompt logprob at position {position}")
+                logprobs.append(float(step[int(t)].logprob))
+            result.append(logprobs)
         return result
 
     # -- weight sync --------------------------------------------------------------------------
@@ -356,7 +363,7 @@ class VLLMEngine:
         core = getattr(engine, "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):
             core.shutdown()
-        self.llm = None
+        del self.llm  # the engine's last reference; a second close() finds no `llm` and returns
         import gc
 
         gc.collect()

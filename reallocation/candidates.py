@@ -118,7 +118,7 @@ def candidates(call: str, w: Workload, hw: Hardware) -> list[CallAllocation]:
     """
     ev = evaluator(w, hw)
     fronts: dict[int, list[CallAllocation]] = {}
-    out = []
+    out: list[CallAllocation] = []
     for mesh in device_meshes(hw):
         if len(mesh) not in fronts:
             fronts[len(mesh)] = pareto(call, strategies(call, mesh, w, hw), w, hw)

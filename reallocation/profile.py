@@ -34,6 +34,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,7 @@ class Profile:
 
     device: str
     entries: list[dict[str, Any]] = field(default_factory=list)
-    shapes: dict[str, dict[str, int]] = field(default_factory=dict)  # shape key -> ModelSpec fields
+    shapes: dict[str, dict[str, Any]] = field(default_factory=dict)  # shape key -> ModelSpec fields (ints, bools)
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -118,7 +119,7 @@ class Profile:
             raise ValueError(f"profile ({self.device}) has no shapes")
         head = op.startswith("head")
 
-        def size(fields: dict[str, int]) -> float:
+        def size(fields: dict[str, Any]) -> float:
             s = ModelSpec(**fields)
             return s.hidden_size * s.vocab_size * 2.0 if head else _layer_flops_per_token(s)
 
@@ -187,6 +188,14 @@ def _layer_module(spec: ModelSpec, tp: int, dtype: Any, device: str):
     return Block().to(device=device, dtype=dtype), (kv, hd)
 
 
+def _backward_sum(module: Callable[[Any], Any], x: Any) -> None:
+    module(x).sum().backward()
+
+
+def _backward_logsumexp(head: Callable[[Any], Any], x: Any) -> None:
+    head(x).float().logsumexp(-1).sum().backward()
+
+
 def _timed(fn: Callable[[], Any], device: str, repeats: int = 3) -> float:
     import torch
 
@@ -245,11 +254,11 @@ def _measure_shape(spec: ModelSpec, tp: int, device: str, dtype: Any, grid: dict
         for s in grid["seqs"]:
             x = torch.randn(b, s, spec.hidden_size, device=device, dtype=dtype)
             with torch.no_grad():
-                row("forward", b * s, s, _timed(lambda x=x: layer(x), device))
-                row("head_forward", b * s, s, _timed(lambda x=x: head(x), device))
+                row("forward", b * s, s, _timed(partial(layer, x), device))
+                row("head_forward", b * s, s, _timed(partial(head, x), device))
             xg = x.clone().requires_grad_(True)
-            row("train", b * s, s, _timed(lambda xg=xg: layer(xg).sum().backward(), device))
-            row("head_train", b * s, s, _timed(lambda xg=xg: head(xg).float().logsumexp(-1).sum().backward(), device))
+            row("train", b * s, s, _timed(partial(_backward_sum, layer, xg), device))
+            row("head_train", b * s, s, _timed(partial(_backward_logsumexp, head, xg), device))
         for c in grid["contexts"]:
             past = (
                 torch.randn(b, kv, c, hd, device=device, dtype=dtype),
@@ -257,7 +266,7 @@ def _measure_shape(spec: ModelSpec, tp: int, device: str, dtype: Any, grid: dict
             )
             x = torch.randn(b, 1, spec.hidden_size, device=device, dtype=dtype)
             with torch.no_grad():
-                row("decode", b, c, _timed(lambda x=x, past=past: layer(x, past), device))
+                row("decode", b, c, _timed(partial(layer, x, past), device))
     layer(torch.randn(1, 4, spec.hidden_size, device=device, dtype=dtype)).sum().backward()
     row("optimizer", 0, 0, _timed(opt.step, device))
     return out

@@ -331,8 +331,9 @@ def format_report(report: SearchReport, hw: Hardware) -> str:
 
 
 def _ranges(devices: list[int]) -> str:
-    out, start = [], devices[0]
-    for a, b in zip(devices, devices[1:] + [None]):  # type: ignore[operator]
+    out: list[str] = []
+    start: int | None = devices[0]
+    for a, b in zip(devices, devices[1:] + [None]):
         if b != a + 1:
             out.append(f"{start}" if start == a else f"{start}-{a}")
             start = b

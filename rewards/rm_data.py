@@ -64,9 +64,9 @@ def _from_realm(obj: dict[str, Any]) -> RMExample:
         raise ValueError("'steps' must be a non-empty list of strings")
     step_labels = obj.get("step_labels")
     final = obj.get("final_label", obj.get("label"))
-    if step_labels is None and final is None:
-        raise ValueError("needs 'step_labels' and/or 'final_label'")
     if final is None:
+        if step_labels is None:
+            raise ValueError("needs 'step_labels' and/or 'final_label'")
         final = step_labels[-1]
     return RMExample(
         str(obj["question"]),

@@ -97,7 +97,12 @@ def encode(cfg: RMTrainConfig, tokenizer, examples: Sequence[RMExample]) -> list
         ids, reads, num_kept = encode_with_reads(tokenizer, text, read_chars, len(prefix))
         if cfg.kind == RMKind.orm:
             reads = [len(ids) - 1]
-        final_label = int(ex.final_label if ex.final_label is not None else ex.step_labels[-1])
+        if ex.final_label is not None:
+            final_label = int(ex.final_label)
+        elif ex.step_labels is not None:
+            final_label = int(ex.step_labels[-1])
+        else:
+            raise ValueError(f"a {ex.source!r} example has neither a final label nor step labels")
         windows = window_ids(ids, reads, num_kept, cfg.max_length)
         position = 0
         for w, (window, window_reads) in enumerate(windows):

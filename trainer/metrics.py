@@ -88,12 +88,15 @@ def start_wandb(run_dir: Path, environ: Any = None):
         import wandb
     except ImportError:
         raise RuntimeError('REALM_WANDB=1 but wandb is not installed: pip install -e ".[wandb]"') from None
-    config = {}
+    config: dict[Any, Any] = {}
     hydra_config = run_dir / ".hydra" / "config.yaml"
     if hydra_config.exists():
         from omegaconf import OmegaConf
 
-        config = OmegaConf.to_container(OmegaConf.load(hydra_config))
+        loaded = OmegaConf.to_container(OmegaConf.load(hydra_config))
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{hydra_config}: expected a mapping at the top level, got {type(loaded).__name__}")
+        config = loaded
     run_id = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:16]
     return wandb.init(
         project=environ.get("WANDB_PROJECT", "realm"),

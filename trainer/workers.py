@@ -341,7 +341,7 @@ class _Trainer:
 
         directory = Path(directory)
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
-        state = {"model": model_state, "optim": optim_state}
+        state: dict[str, Any] = {"model": model_state, "optim": optim_state}
         with _single_process_dcp_quiet():
             dcp.load(
                 state,
@@ -452,8 +452,10 @@ class PolicyWorker:
         """Write an HF model directory (weights in float32 + config + the tokenizer) from rank 0."""
         state = _full_state_dict(self.model, self.ranks, dtype=torch.float32)
         if state is not None:
-            from transformers import AutoTokenizer
+            from transformers import AutoTokenizer, PreTrainedModel
 
+            if not isinstance(self.model, PreTrainedModel):
+                raise TypeError(f"{type(self.model).__name__} is not a transformers PreTrainedModel; cannot save it")
             self.model.save_pretrained(directory, state_dict=state)
             AutoTokenizer.from_pretrained(self.model_dir).save_pretrained(directory)
         self.ranks.barrier()

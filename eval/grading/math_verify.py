@@ -28,7 +28,7 @@ def _grade_batch(items: list[tuple[str, str]], timeout_s: int) -> list[tuple[boo
     """(correct, extracted, reason) per (response, gold); runs in a worker's main thread."""
     from math_verify import parse, verify
 
-    out = []
+    out: list[tuple[bool, str | None, str]] = []
     for response, gold in items:
         try:
             gold_parsed = parse("\\boxed{" + gold + "}", parsing_timeout=timeout_s)
