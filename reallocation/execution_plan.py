@@ -31,13 +31,12 @@ Every error is a ``PlanError`` naming the file (when loaded from one), the call 
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from eval.files import atomic_write_text
 from reallocation.layout import Layout, ModelSpec
 
 CALLS = ("actor_gen", "rew_inf", "ref_inf", "critic_inf", "actor_train", "critic_train")
@@ -224,16 +223,7 @@ class ExecutionPlan:
 
     def save(self, path: str | Path) -> None:
         """Write ``to_yaml()`` atomically (temp file in the same directory, then rename)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(self.to_yaml())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        atomic_write_text(Path(path), self.to_yaml())
 
     @classmethod
     def load(cls, path: str | Path) -> ExecutionPlan:
