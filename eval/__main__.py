@@ -43,7 +43,7 @@ from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from eval.config import ConfigError, to_typed_config  # noqa: E402
+from eval.config import ConfigError, to_plain, to_typed_config  # noqa: E402
 from models.config import DTYPES, ModelConfig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -152,23 +152,13 @@ def register_configs() -> None:
         cs.store(group="model", name=path.stem, node=OmegaConf.load(path))
 
 
-def _plain(x: Any) -> Any:
-    if isinstance(x, Enum):
-        return x.value
-    if isinstance(x, dict):
-        return {k: _plain(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)):
-        return [_plain(v) for v in x]
-    return x
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_") or "x"
 
 
 def run_key(cfg: EvalConfig, model_dir: Path) -> dict[str, Any]:
     """Everything that changes the generated samples (not out_dir, resume, chunk_size, kv_cache_gib or ks)."""
-    d = _plain(dataclasses.asdict(cfg))
+    d = to_plain(dataclasses.asdict(cfg))
     for k in ("out_dir", "resume", "chunk_size", "kv_cache_gib", "ks", "limit"):
         d.pop(k)
     # Left out at their defaults, so that run directories made before these keys existed still resume.

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TypeVar
+from enum import Enum
+from typing import Any, TypeVar
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -77,3 +78,19 @@ class DataConfig:
     synthetic_difficulty: int = 2
     synthetic_num_train: int = 2000
     synthetic_num_heldout: int = 200
+
+
+def to_plain(x: Any) -> Any:
+    """JSON-ready data from a config value: dataclasses become dicts, enums their values, tuples lists.
+
+    Worked example: ``to_plain(DataConfig(name="gsm8k"))["name"] == "gsm8k"``; cache keys hash its JSON.
+    """
+    if isinstance(x, Enum):
+        return x.value
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        return {f.name: to_plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
+    if isinstance(x, dict):
+        return {k: to_plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [to_plain(v) for v in x]
+    return x

@@ -16,9 +16,9 @@ import hashlib
 import importlib.util
 import json
 import os
-from enum import Enum
 from pathlib import Path
 
+from eval.config import to_plain
 from eval.files import atomic_build_dir
 from models.config import ModelConfig, ModelSource
 
@@ -32,14 +32,7 @@ def cache_root() -> Path:
 
 
 def _config_key(cfg: ModelConfig) -> str:
-    def plain(x):
-        if isinstance(x, Enum):
-            return x.value
-        if isinstance(x, dict):
-            return {k: plain(v) for k, v in x.items()}
-        return x
-
-    blob = json.dumps(plain(dataclasses.asdict(cfg)), sort_keys=True, default=str)
+    blob = json.dumps(to_plain(dataclasses.asdict(cfg)), sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Any
 
+from eval.config import to_plain
 from models.config import ModelConfig
 from rewards.config import Readout
 from rewards.reward_model import DEFAULT_QUESTION_TEMPLATE, DEFAULT_STEP_TAG, RMFormat
@@ -106,16 +105,8 @@ class RMTrainConfig:
 _NOT_IN_KEY = ("output_dir", "device", "log_every", "num_threads")
 
 
-def plain(x: Any) -> Any:
-    if isinstance(x, Enum):
-        return x.value
-    if dataclasses.is_dataclass(x):
-        return {f.name: plain(getattr(x, f.name)) for f in dataclasses.fields(x)}
-    return x
-
-
 def config_key(cfg: RMTrainConfig) -> str:
-    blob = {k: v for k, v in plain(cfg).items() if k not in _NOT_IN_KEY}
+    blob = {k: v for k, v in to_plain(cfg).items() if k not in _NOT_IN_KEY}
     return hashlib.sha256(json.dumps(blob, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -36,12 +36,13 @@ from typing import Any
 
 import torch
 
+from eval.config import to_plain
 from eval.files import atomic_build_dir, is_complete
 from eval.progress import Progress
 from models.schedule import LRSchedule, build_lr_scheduler
 from rewards.config import Readout
 from rewards.reward_model import RM_INFO_FILE, auto_model_class, make_reader
-from rewards.rm_config import RMTrainConfig, builtin_config, default_output_dir, plain
+from rewards.rm_config import RMTrainConfig, builtin_config, default_output_dir
 from rewards.rm_encode import Encoded, collate, encode, lm_loss, load_data
 from rewards.rm_metrics import accuracies_line, heldout_metrics
 
@@ -122,7 +123,7 @@ def _train(cfg: RMTrainConfig, output_dir: Path) -> dict[str, Any]:
         "metrics": metrics,
         "num_train_responses": len(train),
         "train_seconds": round(time.time() - started, 1),
-        "config": plain(cfg),
+        "config": to_plain(cfg),
     }
     (output_dir / RM_INFO_FILE).write_text(json.dumps(info, indent=2) + "\n")
     return info

@@ -47,7 +47,7 @@ class MetricsWriter:
         self.wandb = start_wandb(run_dir)
 
     def log(self, iteration: int, metrics: dict[str, float]) -> None:
-        row = {"iteration": iteration, **{k: _plain(v) for k, v in metrics.items()}}
+        row = {"iteration": iteration, **{k: _scalar(v) for k, v in metrics.items()}}
         with self.path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
         if self.tb is not None:
@@ -108,7 +108,7 @@ def start_wandb(run_dir: Path, environ: Any = None):
     )
 
 
-def _plain(v: Any) -> Any:
+def _scalar(v: Any) -> Any:
     if hasattr(v, "item"):
         return v.item()
     return v
