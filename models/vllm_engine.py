@@ -139,9 +139,9 @@ class VLLMEngine:
 
         # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process and only
         # then tries to drop torch to 1 intra-op thread for serving, so in-process the drop never
-        # happens. Do it first: measured on the shared 2-core machine (SmolLM2-135M, 16 prompts x 64
-        # tokens) 100-107 tokens/s with 1 thread against 13-42 with 2, whose OpenMP barriers stall
-        # whenever another process holds a core. An explicit OMP_NUM_THREADS is respected (as vLLM
+        # happens. Do it first: on a shared 2-core machine 1 thread generated several times faster than 2,
+        # whose OpenMP barriers stall whenever another process holds a core (`bench/generate.py` measures
+        # it and prints the thread counts it ran with). An explicit OMP_NUM_THREADS is respected (as vLLM
         # does). close() restores the thread count and torch.set_num_threads.
         self._torch_threads_before = torch.get_num_threads()
         self._set_num_threads = torch.set_num_threads
