@@ -190,13 +190,17 @@ def auto_kv_cache_gib(model_dir: Path, dtype: str, num_sequences: int, num_token
     return int(min(8, max(1, -(-need // 2**30))))
 
 
-def _prepare_run_dir(run_dir: Path, key: dict[str, Any], resume: bool) -> None:
+def _prepare_run_dir(cfg: EvalConfig, model_dir: Path) -> Path:
+    """The run directory (``out_dir`` or one named after the settings), checked for resume: an earlier
+    attempt's samples are kept only when it had the same settings."""
     from eval.files import atomic_write_json
     from eval.report import CONFIG_FILE, SAMPLES_FILE, SUMMARY_FILE
 
+    key = run_key(cfg, model_dir)
+    run_dir = Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg, key)
     run_dir.mkdir(parents=True, exist_ok=True)
     config_path = run_dir / CONFIG_FILE
-    if not resume:
+    if not cfg.resume:
         for name in (SAMPLES_FILE, SUMMARY_FILE):
             (run_dir / name).unlink(missing_ok=True)
     elif config_path.exists():
@@ -208,6 +212,7 @@ def _prepare_run_dir(run_dir: Path, key: dict[str, Any], resume: bool) -> None:
                 "choose another out_dir, or resume=false to overwrite it"
             )
     atomic_write_json(config_path, key)
+    return run_dir
 
 
 def _problems_and_template(cfg: EvalConfig, model_dir: Path):
@@ -302,50 +307,26 @@ def run_eval(cfg: EvalConfig) -> Path:
     t_start = time.monotonic()
     cfg, model_dir, tokenizer_dir = _model_and_tokenizer(cfg)
     problems, template = _problems_and_template(cfg, model_dir)
-    model_cfg = cfg.model
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     max_model_len = min(cfg.max_model_len, max_context(model_dir) or cfg.max_model_len)
     max_prompt_tokens = _max_prompt_tokens(problems, template, tokenizer, max_model_len)
-    prompt_example = template.render("{question}", tokenizer)
 
-    kv_cache_gib = cfg.kv_cache_gib or auto_kv_cache_gib(
-        model_dir,
-        model_cfg.dtype,
-        cfg.chunk_size * cfg.num_samples,
-        min(max_model_len, max_prompt_tokens + cfg.max_new_tokens),
-    )
-    key = run_key(cfg, model_dir)
-    run_dir = Path(cfg.out_dir) if cfg.out_dir else default_run_dir(cfg, key)
-    _prepare_run_dir(run_dir, key, cfg.resume)
+    run_dir = _prepare_run_dir(cfg, model_dir)
     _log(
-        f"[eval] {model_cfg.name} on {cfg.data.name}: {len(problems)} problems x {cfg.num_samples} samples -> {run_dir}"
+        f"[eval] {cfg.model.name} on {cfg.data.name}: {len(problems)} problems x {cfg.num_samples} samples -> {run_dir}"
     )
 
-    engine = None
-    engine_info: dict[str, Any] = {}
-
-    def generate_fn(prompts, **kwargs):
-        # The engine starts on first use: a finished run re-reports without loading the model.
-        nonlocal engine, engine_info
-        if engine is None:
-            from models.vllm_engine import VLLMEngine
-
-            t = time.monotonic()
-            engine = VLLMEngine(
-                model_dir,
-                tokenizer_dir=tokenizer_dir,
-                dtype=model_cfg.dtype,
-                seed=cfg.seed,
-                max_model_len=max_model_len,
-                kv_cache_gib=kv_cache_gib,
-            )
-            engine_info = {**dataclasses.asdict(engine.info), "startup_seconds": time.monotonic() - t}
-            _log(f"[eval] vLLM engine ready in {engine_info['startup_seconds']:.1f} s")
-        return engine.generate(prompts, logprobs=False, **kwargs)
-
+    engine = _LazyEngine(
+        model_dir,
+        tokenizer_dir=tokenizer_dir,
+        dtype=cfg.model.dtype,
+        seed=cfg.seed,
+        max_model_len=max_model_len,
+        kv_cache_gib=_kv_cache_gib(cfg, model_dir, max_model_len, max_prompt_tokens),
+    )
     try:
         result = evaluate(
-            generate_fn,
+            engine.generate,
             problems,
             template,
             tokenizer=tokenizer,
@@ -362,25 +343,12 @@ def run_eval(cfg: EvalConfig) -> Path:
     except ResumeError as e:
         raise EvalError(str(e)) from None
     finally:
-        if engine is not None:
-            engine.close()
+        engine.close()
 
-    previous = _previous_run(run_dir)
-    result.summary["run"] = {
-        "model": model_cfg.name,
-        "model_dir": str(model_dir),
-        "model_source": model_cfg.source.value,
-        "dtype": model_cfg.dtype,
-        "dataset": cfg.data.name,
-        "limit": cfg.data.limit,
-        "data_seed": cfg.data.seed,
-        "max_model_len": max_model_len,
-        "prompt_example": prompt_example,
-        # This invocation only: with resume, timing.num_problems_resumed problems came from earlier attempts.
-        "wall_seconds": time.monotonic() - t_start,
-        "engine": engine_info or previous.get("engine", {}),
-        "command": "python -m eval " + " ".join(sys.argv[1:]),
-    }
+    prompt_example, wall_seconds = template.render("{question}", tokenizer), time.monotonic() - t_start
+    result.summary["run"] = _run_record(
+        cfg, model_dir, max_model_len, prompt_example, wall_seconds, engine.info, run_dir
+    )
     write_report(run_dir, result.summary, result.records)
     acc = result.summary["accuracy"]
     _log(
@@ -388,6 +356,69 @@ def run_eval(cfg: EvalConfig) -> Path:
         f"on {result.summary['num_problems']} problems"
     )
     return run_dir
+
+
+def _kv_cache_gib(cfg: EvalConfig, model_dir: Path, max_model_len: int, max_prompt_tokens: int) -> float:
+    """The KV cache size asked for, or one that holds a chunk of the longest prompt's sequences."""
+    return cfg.kv_cache_gib or auto_kv_cache_gib(
+        model_dir,
+        cfg.model.dtype,
+        cfg.chunk_size * cfg.num_samples,
+        min(max_model_len, max_prompt_tokens + cfg.max_new_tokens),
+    )
+
+
+def _run_record(
+    cfg: EvalConfig,
+    model_dir: Path,
+    max_model_len: int,
+    prompt_example: str,
+    wall_seconds: float,
+    engine_info: dict[str, Any],
+    run_dir: Path,
+) -> dict[str, Any]:
+    """The summary's ``run`` block: what was evaluated and how (the engine of an earlier attempt when
+    this one did not start it)."""
+    return {
+        "model": cfg.model.name,
+        "model_dir": str(model_dir),
+        "model_source": cfg.model.source.value,
+        "dtype": cfg.model.dtype,
+        "dataset": cfg.data.name,
+        "limit": cfg.data.limit,
+        "data_seed": cfg.data.seed,
+        "max_model_len": max_model_len,
+        "prompt_example": prompt_example,
+        # This invocation only: with resume, timing.num_problems_resumed problems came from earlier attempts.
+        "wall_seconds": wall_seconds,
+        "engine": engine_info or _previous_run(run_dir).get("engine", {}),
+        "command": "python -m eval " + " ".join(sys.argv[1:]),
+    }
+
+
+class _LazyEngine:
+    """A vLLM engine started on the first generate call: a finished run re-reports without loading the model."""
+
+    def __init__(self, model_dir: Path, **engine_kwargs: Any) -> None:
+        self.model_dir = model_dir
+        self.engine_kwargs = engine_kwargs
+        self.engine: Any = None
+        self.info: dict[str, Any] = {}
+        """The engine's EngineInfo and start-up seconds, once started."""
+
+    def generate(self, prompts, **kwargs):
+        if self.engine is None:
+            from models.vllm_engine import VLLMEngine
+
+            t = time.monotonic()
+            self.engine = VLLMEngine(self.model_dir, **self.engine_kwargs)
+            self.info = {**dataclasses.asdict(self.engine.info), "startup_seconds": time.monotonic() - t}
+            _log(f"[eval] vLLM engine ready in {self.info['startup_seconds']:.1f} s")
+        return self.engine.generate(prompts, logprobs=False, **kwargs)
+
+    def close(self) -> None:
+        if self.engine is not None:
+            self.engine.close()
 
 
 def _graders(cfg: EvalConfig) -> dict[str, Any]:

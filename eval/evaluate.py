@@ -155,38 +155,17 @@ def evaluate(
     path = Path(samples_path) if samples_path else None
     done = _resume(path, problems, prompts, num_samples, log or (lambda _: None))
 
-    todo = [p for p in problems if p.id not in done]
-    # Generate in a seeded random order: the problems finished when a long run is stopped are a
-    # uniform random subset of the set (a valid estimate), not its first (often easiest) part.
-    # Records and metrics stay in problem order.
-    random.Random(seed).shuffle(todo)
-    gen_kwargs: dict[str, Any] = dict(
-        n=num_samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
-    )
-    if template.stop:
-        gen_kwargs["stop"] = list(template.stop)
-    # The default log (stderr) gets a bar on a terminal, lines elsewhere; a given log gets lines.
-    progress = Progress(
-        len(problems),
-        "[eval]",
-        unit="problem",
-        initial=len(problems) - len(todo),
-        log=None if log is _stderr else (log or (lambda _: None)),
-    )
-    num_tokens = 0
-    for start in range(0, len(todo), chunk_size):
-        chunk = todo[start : start + chunk_size]
-        outs = generate_fn([prompts[p.id] for p in chunk], **gen_kwargs)
+    todo = _generation_order(problems, done, seed)
+    gen_kwargs = _generation_kwargs(template, num_samples, temperature, top_p, max_new_tokens, seed)
+
+    def grade(chunk: list[Problem], outs: list[list[CompletionLike | str]]) -> list[dict[str, Any]]:
         new = _graded_records(chunk, outs, prompts, num_samples, grade_many_fn)
         _grade_again(new, grader_name, other_graders or {})
-        if path is not None:
-            _append(path, new)
-        for r in new:
-            done.setdefault(r["id"], []).append(r)
-        num_tokens += sum(r["num_tokens"] for r in new)
-        progress.update(len(chunk), f"{num_tokens / max(progress.elapsed(), 1e-9):.0f} tokens/s")
-    progress.close()
+        return new
 
+    timing = _generate_in_chunks(
+        generate_fn, todo, prompts, gen_kwargs, grade, chunk_size, path, done, len(problems), log
+    )
     per_problem = [sorted(done[p.id], key=lambda r: r["sample_index"]) for p in problems]
     records = [r for samples in per_problem for r in samples]
     if path is not None and todo:
@@ -194,22 +173,91 @@ def evaluate(
     summary = summarize(per_problem, ks=ks, seed=seed)
     if other_graders:
         summary["graders"] = grader_agreement(records, [grader_name, *other_graders])
-    summary["settings"] = {
+    summary["settings"] = _settings_record(template, gen_kwargs, grader_name)
+    summary["timing"] = timing
+    return EvalResult(summary=summary, records=records)
+
+
+def _generation_order(problems: Sequence[Problem], done: Mapping[str, Any], seed: int) -> list[Problem]:
+    """The problems not yet done, in a seeded random order.
+
+    Why random: the problems finished when a long run is stopped are then a uniform random subset
+    of the set (a valid estimate), not its first (often easiest) part. Records and metrics stay in
+    problem order.
+    """
+    todo = [p for p in problems if p.id not in done]
+    random.Random(seed).shuffle(todo)
+    return todo
+
+
+def _generation_kwargs(
+    template: PromptTemplate, num_samples: int, temperature: float, top_p: float, max_new_tokens: int, seed: int
+) -> dict[str, Any]:
+    """The generate function's keyword arguments (``stop`` only when the template has stop strings)."""
+    kwargs: dict[str, Any] = dict(
+        n=num_samples, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, seed=seed
+    )
+    if template.stop:
+        kwargs["stop"] = list(template.stop)
+    return kwargs
+
+
+def _settings_record(template: PromptTemplate, gen_kwargs: Mapping[str, Any], grader_name: str) -> dict[str, Any]:
+    """The summary's ``settings``: what produced the samples (top_p is 1 when greedy: it was not used)."""
+    temperature = gen_kwargs["temperature"]
+    return {
         "template": template.record(),
-        "num_samples": num_samples,
+        "num_samples": gen_kwargs["n"],
         "temperature": temperature,
-        "top_p": top_p if temperature > 0 else 1.0,
-        "max_new_tokens": max_new_tokens,
-        "seed": seed,
+        "top_p": gen_kwargs["top_p"] if temperature > 0 else 1.0,
+        "max_new_tokens": gen_kwargs["max_new_tokens"],
+        "seed": gen_kwargs["seed"],
         "grader": grader_name,
     }
-    summary["timing"] = {
+
+
+def _generate_in_chunks(
+    generate_fn: GenerateFn,
+    todo: list[Problem],
+    prompts: Mapping[str, str],
+    gen_kwargs: dict[str, Any],
+    grade: Callable[[list[Problem], list[list[CompletionLike | str]]], list[dict[str, Any]]],
+    chunk_size: int,
+    path: Path | None,
+    done: dict[str, list[dict[str, Any]]],
+    num_problems: int,
+    log: Callable[[str], None] | None,
+) -> dict[str, Any]:
+    """Generate and grade ``todo``, ``chunk_size`` problems at a time; returns the summary's ``timing``.
+
+    Each chunk's records go to ``path`` (the unit of resume) and into ``done`` as soon as they are
+    graded. The default log (stderr) gets a progress bar on a terminal, lines elsewhere; a given
+    log gets lines.
+    """
+    progress = Progress(
+        num_problems,
+        "[eval]",
+        unit="problem",
+        initial=num_problems - len(todo),
+        log=None if log is _stderr else (log or (lambda _: None)),
+    )
+    num_tokens = 0
+    for start in range(0, len(todo), chunk_size):
+        chunk = todo[start : start + chunk_size]
+        new = grade(chunk, generate_fn([prompts[p.id] for p in chunk], **gen_kwargs))
+        if path is not None:
+            _append(path, new)
+        for r in new:
+            done.setdefault(r["id"], []).append(r)
+        num_tokens += sum(r["num_tokens"] for r in new)
+        progress.update(len(chunk), f"{num_tokens / max(progress.elapsed(), 1e-9):.0f} tokens/s")
+    progress.close()
+    return {
         "num_problems_generated": len(todo),
-        "num_problems_resumed": len(problems) - len(todo),
+        "num_problems_resumed": num_problems - len(todo),
         "generate_and_grade_seconds": progress.elapsed(),
         "num_tokens_generated": num_tokens,
     }
-    return EvalResult(summary=summary, records=records)
 
 
 def _load_done(path: Path, prompts: dict[str, str], num_samples: int) -> dict[str, list[dict[str, Any]]]:

@@ -67,33 +67,7 @@ def render_markdown(summary: dict[str, Any], records: list[dict[str, Any]], num_
     settings = summary.get("settings", {})
     template = settings.get("template", {})
     lines = [f"# Evaluation: {run.get('model', '?')} on {run.get('dataset', '?')}", ""]
-    info = [
-        ("model", f"{run.get('model', '?')} (`{run.get('model_dir', '?')}`)"),
-        (
-            "dataset",
-            f"{run.get('dataset', '?')}: {summary['num_problems']} problems"
-            + (
-                f" (fixed-seed subset: limit={run['limit']}, seed={run.get('data_seed', 0)})"
-                if run.get("limit")
-                else ""
-            ),
-        ),
-        (
-            "sampling",
-            "greedy"
-            if settings.get("temperature", 0) <= 0
-            else f"n={settings.get('num_samples')}, temperature={settings.get('temperature')}, top_p={settings.get('top_p')}, seed={settings.get('seed')}",
-        ),
-        ("max new tokens", settings.get("max_new_tokens")),
-        ("prompt", f"`{template.get('name', '?')}`"),
-        ("wall time", f"{run['wall_seconds']:.0f} s" if "wall_seconds" in run else "?"),
-    ]
-    if "engine" in run:
-        e = run["engine"]
-        info.append(
-            ("engine", f"vLLM {e.get('vllm_version', '')} on {e.get('device', '?')}, dtype {e.get('dtype', '?')}")
-        )
-    lines += ["| | |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in info] + [""]
+    lines += ["| | |", "| --- | --- |"] + [f"| {k} | {v} |" for k, v in _run_info(summary)] + [""]
 
     lines += ["## Results", "", "| metric | % [95% CI] | CI method |", "| --- | --- | --- |"]
     lines += _metric_rows(summary) + [""]
@@ -111,42 +85,78 @@ def render_markdown(summary: dict[str, Any], records: list[dict[str, Any]], num_
         f"No extractable answer: {_pct(summary['no_answer_fraction'])}%.",
         "",
     ]
+    lines += _prompt_section(template, run.get("prompt_example"))
+    if records and num_examples:
+        lines += _examples(records[:num_examples])
+    return "\n".join(lines)
 
-    lines += [
+
+def _run_info(summary: dict[str, Any]) -> list[tuple[str, Any]]:
+    """The report's header table: what was evaluated, on what, how, and with which engine."""
+    run = summary.get("run", {})
+    settings = summary.get("settings", {})
+    subset = f" (fixed-seed subset: limit={run['limit']}, seed={run.get('data_seed', 0)})" if run.get("limit") else ""
+    sampling = (
+        "greedy"
+        if settings.get("temperature", 0) <= 0
+        else f"n={settings.get('num_samples')}, temperature={settings.get('temperature')}, "
+        f"top_p={settings.get('top_p')}, seed={settings.get('seed')}"
+    )
+    info = [
+        ("model", f"{run.get('model', '?')} (`{run.get('model_dir', '?')}`)"),
+        ("dataset", f"{run.get('dataset', '?')}: {summary['num_problems']} problems{subset}"),
+        ("sampling", sampling),
+        ("max new tokens", settings.get("max_new_tokens")),
+        ("prompt", f"`{settings.get('template', {}).get('name', '?')}`"),
+        ("wall time", f"{run['wall_seconds']:.0f} s" if "wall_seconds" in run else "?"),
+    ]
+    if "engine" in run:
+        e = run["engine"]
+        info.append(
+            ("engine", f"vLLM {e.get('vllm_version', '')} on {e.get('device', '?')}, dtype {e.get('dtype', '?')}")
+        )
+    return info
+
+
+def _prompt_section(template: dict[str, Any], prompt_example: str | None) -> list[str]:
+    """The template's settings, then the exact prompt text (or, for older runs, its system and user parts)."""
+    fewshot_ids = template.get("fewshot_ids")
+    lines = [
         "## Prompt template",
         "",
         f"`{template.get('name')}`: chat={template.get('chat')}, stop={template.get('stop')}, "
         f"{len(template.get('fewshot', []))} few-shot exemplars"
-        + (f" (ids {', '.join(template.get('fewshot_ids', []))})" if template.get("fewshot_ids") else "")
+        + (f" (ids {', '.join(fewshot_ids)})" if fewshot_ids else "")
         + ".",
         "",
     ]
-    if run.get("prompt_example"):
-        lines += [
+    if prompt_example:
+        return lines + [
             "Exact prompt text, `{question}` standing for the problem:",
             "",
             "````text",
-            run["prompt_example"],
+            prompt_example,
             "````",
             "",
         ]
-    else:
-        lines += [f"system: `{template.get('system', '')}`", "", f"user: `{template.get('user', '')}`", ""]
+    return lines + [f"system: `{template.get('system', '')}`", "", f"user: `{template.get('user', '')}`", ""]
 
-    if records and num_examples:
-        lines += ["## Examples", ""]
-        for r in records[:num_examples]:
-            response = r["response"] if len(r["response"]) <= 800 else r["response"][:800] + " [...]"
-            lines += [
-                f"**{r['id']}** (sample {r['sample_index']}): extracted `{r['extracted']}`, gold `{r['gold']}`, "
-                f"{'correct' if r['correct'] else 'incorrect'} ({r['reason']})",
-                "",
-                "````text",
-                response,
-                "````",
-                "",
-            ]
-    return "\n".join(lines)
+
+def _examples(records: list[dict[str, Any]]) -> list[str]:
+    """The first graded samples, each response cut at 800 characters."""
+    lines = ["## Examples", ""]
+    for r in records:
+        response = r["response"] if len(r["response"]) <= 800 else r["response"][:800] + " [...]"
+        lines += [
+            f"**{r['id']}** (sample {r['sample_index']}): extracted `{r['extracted']}`, gold `{r['gold']}`, "
+            f"{'correct' if r['correct'] else 'incorrect'} ({r['reason']})",
+            "",
+            "````text",
+            response,
+            "````",
+            "",
+        ]
+    return lines
 
 
 def write_report(run_dir: Path, summary: dict[str, Any], records: list[dict[str, Any]]) -> Path:

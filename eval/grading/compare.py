@@ -139,7 +139,7 @@ def _text_key(node: Node) -> str | None:
 def nodes_equal(gold: Node, answer: Node, ops: ScalarOps) -> bool:
     """Whether ``answer`` states ``gold`` under the grading policy.
 
-    Kept whole (79 lines): it is one ordered table of cases over the pair of node kinds, and the
+    Kept whole: it is one ordered table of cases over the pair of node kinds, and the
     order is the policy (an assignment is unwrapped before sets, sets before sequences, ...); split
     up, the order would be spread over several functions.
     """
