@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -103,6 +104,76 @@ def has_tokenizer(model_dir: str | Path) -> bool:
     return any((d / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json"))
 
 
+def _check_dirs(model_dir: Path, tokenizer_dir: Path) -> None:
+    if not (model_dir / "config.json").exists():
+        raise FileNotFoundError(f"{model_dir}: not an HF model directory (no config.json)")
+    if not has_tokenizer(tokenizer_dir):
+        raise FileNotFoundError(
+            f"{tokenizer_dir}: no tokenizer files (tokenizer.json / tokenizer_config.json / tokenizer.model); "
+            "pass tokenizer_dir= (CLI: tokenizer=DIR) pointing at the base model's directory"
+        )
+
+
+def llm_arguments(
+    model_dir: Path,
+    tokenizer_dir: Path,
+    *,
+    on_gpu: bool,
+    dtype: str,
+    seed: int,
+    max_model_len: int,
+    tensor_parallel_size: int,
+    gpu_memory_utilization: float,
+    enforce_eager: bool | None,
+    llm_kwargs: Mapping[str, Any],
+) -> dict[str, Any]:
+    """vLLM ``LLM(...)``'s keyword arguments for a GPU or a CPU engine (``llm_kwargs`` win).
+
+    Worked example: on CPU with max_model_len 2048, ``enforce_eager`` is True (no graph capture)
+    and ``max_num_batched_tokens`` is 2**18; on GPU ``gpu_memory_utilization`` is passed instead.
+    """
+    kwargs: dict[str, Any] = dict(
+        model=str(model_dir),
+        tokenizer=str(tokenizer_dir),
+        dtype=dtype,
+        seed=seed,
+        max_model_len=max_model_len,
+        tensor_parallel_size=tensor_parallel_size,
+        enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
+    )
+    if on_gpu:
+        kwargs["gpu_memory_utilization"] = gpu_memory_utilization
+    else:
+        # Seeded requests on vLLM-CPU crash when chunked prefill splits them ("CPU Generator does
+        # not use offset"); a token budget this large keeps every prefill in one step.
+        kwargs["max_num_batched_tokens"] = max(CPU_MAX_NUM_BATCHED_TOKENS, max_model_len)
+    kwargs.update(llm_kwargs)
+    return kwargs
+
+
+@contextmanager
+def _cpu_kv_cache(kv_cache_gib: float | None, kwargs: dict[str, Any]) -> Iterator[None]:
+    """While vLLM-CPU starts, a KV cache of ``kv_cache_gib`` GiB (None: $VLLM_CPU_KVCACHE_SPACE as set).
+
+    On CPU the KV cache is VLLM_CPU_KVCACHE_SPACE GiB (it overrides kv_cache_memory_bytes); it bounds
+    how many sequences run at once, so long batched generations may need more than 1. The variable
+    takes whole GiB only; for a fraction it is unset and ``kv_cache_memory_bytes`` goes into ``kwargs``.
+    The variable's earlier value is back afterwards.
+    """
+    previous_kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+    if kv_cache_gib is not None:
+        if float(kv_cache_gib).is_integer():
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
+        else:
+            os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
+            kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
+    try:
+        yield
+    finally:
+        if previous_kv is not None:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = previous_kv
+
+
 class VLLMEngine:
     """A vLLM ``LLM`` with the calls realm needs: generate, prompt_logprobs, load_weights.
 
@@ -127,13 +198,7 @@ class VLLMEngine:
     ) -> None:
         model_dir = Path(model_dir)
         tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else model_dir
-        if not (model_dir / "config.json").exists():
-            raise FileNotFoundError(f"{model_dir}: not an HF model directory (no config.json)")
-        if not has_tokenizer(tokenizer_dir):
-            raise FileNotFoundError(
-                f"{tokenizer_dir}: no tokenizer files (tokenizer.json / tokenizer_config.json / tokenizer.model); "
-                "pass tokenizer_dir= (CLI: tokenizer=DIR) pointing at the base model's directory"
-            )
+        _check_dirs(model_dir, tokenizer_dir)
         import vllm
         from vllm import LLM
 
@@ -148,36 +213,20 @@ class VLLMEngine:
         on_gpu = torch.cuda.is_available()
         if not on_gpu and "OMP_NUM_THREADS" not in os.environ:
             torch.set_num_threads(1)
-        kwargs: dict[str, Any] = dict(
-            model=str(model_dir),
-            tokenizer=str(tokenizer_dir),
+        kwargs = llm_arguments(
+            model_dir,
+            tokenizer_dir,
+            on_gpu=on_gpu,
             dtype=dtype,
             seed=seed,
             max_model_len=max_model_len,
             tensor_parallel_size=tensor_parallel_size,
-            enforce_eager=(not on_gpu) if enforce_eager is None else enforce_eager,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=enforce_eager,
+            llm_kwargs=llm_kwargs,
         )
-        if on_gpu:
-            kwargs["gpu_memory_utilization"] = gpu_memory_utilization
-        else:
-            # Seeded requests on vLLM-CPU crash when chunked prefill splits them ("CPU Generator does
-            # not use offset"); a token budget this large keeps every prefill in one step.
-            kwargs["max_num_batched_tokens"] = max(CPU_MAX_NUM_BATCHED_TOKENS, max_model_len)
-        kwargs.update(llm_kwargs)
-        # On CPU the KV cache is VLLM_CPU_KVCACHE_SPACE GiB (it overrides kv_cache_memory_bytes); it
-        # bounds how many sequences run at once, so long batched generations may need more than 1.
-        previous_kv = os.environ.get("VLLM_CPU_KVCACHE_SPACE")
-        if kv_cache_gib is not None and not on_gpu:
-            if float(kv_cache_gib).is_integer():
-                os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(int(kv_cache_gib))
-            else:  # the variable takes whole GiB only; without it, kv_cache_memory_bytes applies
-                os.environ.pop("VLLM_CPU_KVCACHE_SPACE", None)
-                kwargs["kv_cache_memory_bytes"] = int(kv_cache_gib * (1 << 30))
-        try:
+        with _cpu_kv_cache(None if on_gpu else kv_cache_gib, kwargs):
             self.llm = LLM(**kwargs)
-        finally:
-            if previous_kv is not None:
-                os.environ["VLLM_CPU_KVCACHE_SPACE"] = previous_kv
         self.tokenizer = self.llm.get_tokenizer()
         self.seed = seed
         self.sleep_mode = bool(llm_kwargs.get("enable_sleep_mode")) and on_gpu

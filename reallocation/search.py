@@ -88,14 +88,7 @@ def search(
     names = list(workload.calls)
     base = baselines(workload, hw)
     options = {c: candidates(c, workload, hw) for c in names}
-    empty = [c for c, o in options.items() if not o]
-    if empty:
-        smallest = min((b[1].overflow_bytes for b in base.values() if b[1] is not None), default=math.inf)
-        raise NoFitError(
-            f"no allocation of {empty} fits on any mesh of {hw.num_nodes}x{hw.gpus_per_node} "
-            f"{hw.name} GPUs even alone; smallest baseline overflow {smallest / 2**30:.1f} GiB",
-            smallest,
-        )
+    _check_every_call_fits_alone(options, base, hw)
     fitting = sorted((cost.seconds_per_iteration, name) for name, (_, cost) in base.items() if cost and cost.fits)
     # Descend from every fitting baseline, best first (the best one alone already guarantees the
     # result is no worse than any baseline); then walk and descend from the best plan found.
@@ -113,41 +106,94 @@ def search(
             current = starts.pop(0)
             current_cost = state.evaluate(current)
         current, current_cost = _descend(state, current, options, deadline)
-        if current_cost.fits and (
-            best[0] is None or current_cost.seconds_per_iteration < best[0].seconds_per_iteration
-        ):
+        if _faster(current_cost, best[0]):
             best = (current_cost, dict(current))
         if starts:
             continue
         # Metropolis walk away from the local optimum, then descend again from where it ends.
-        walk_cost = _penalized(current_cost, hw)
-        for _ in range(200):
-            if clock() >= deadline:
-                break
-            call = rng.choice(names)
-            proposal = dict(current)
-            proposal[call] = rng.choice(options[call])
-            cost = state.evaluate(proposal)
-            smallest_overflow = min(smallest_overflow, cost.overflow_bytes)
-            new = _penalized(cost, hw)
-            if new <= walk_cost or rng.random() < math.exp(-beta * (new - walk_cost) / walk_cost):
-                current, current_cost, walk_cost = proposal, cost, new
-                if cost.fits and (best[0] is None or cost.seconds_per_iteration < best[0].seconds_per_iteration):
-                    best = (cost, dict(current))
+        current, current_cost, walk_best, walk_overflow = _walk(
+            state, current, current_cost, options, rng, beta, deadline
+        )
+        smallest_overflow = min(smallest_overflow, walk_overflow)
+        if walk_best is not None and _faster(walk_best[0], best[0]):
+            best = walk_best
         if best[0] is not None and rng.random() < 0.5:
             current, current_cost = dict(best[1]), best[0]  # restart half the walks from the best
         bar(clock() - t0, best[0])
     bar(None, best[0])
-    if best[0] is None:
+    plan, cost = _fitting_plan(best, smallest_overflow, hw, names)
+    return SearchReport(
+        plan, cost, base, time.perf_counter() - wall0, state.num_evaluations, start_name, time.process_time() - cpu0
+    )
+
+
+def _faster(cost: PlanCost, best: PlanCost | None) -> bool:
+    """Whether ``cost`` is of a plan that fits and is faster than ``best`` (None: nothing fits yet)."""
+    return cost.fits and (best is None or cost.seconds_per_iteration < best.seconds_per_iteration)
+
+
+def _fitting_plan(
+    best: tuple[PlanCost | None, dict[str, CallAllocation]], smallest_overflow: float, hw: Hardware, names: list[str]
+) -> tuple[ExecutionPlan, PlanCost]:
+    """The search's result, or NoFitError with the smallest overflow seen when no plan fitted."""
+    cost, calls = best
+    if cost is None:
         raise NoFitError(
             f"no execution plan fits in {hw.gpu_memory_bytes / 2**30:.0f} GiB per GPU; the smallest "
             f"overflow found is {smallest_overflow / 2**30:.2f} GiB",
             smallest_overflow,
         )
-    plan = ExecutionPlan(hw.num_nodes, hw.gpus_per_node, {c: best[1][c] for c in names}, source="search")
-    return SearchReport(
-        plan, best[0], base, time.perf_counter() - wall0, state.num_evaluations, start_name, time.process_time() - cpu0
-    )
+    return ExecutionPlan(hw.num_nodes, hw.gpus_per_node, {c: calls[c] for c in names}, source="search"), cost
+
+
+def _check_every_call_fits_alone(
+    options: dict[str, list[CallAllocation]],
+    base: dict[str, tuple[ExecutionPlan | None, PlanCost | None]],
+    hw: Hardware,
+) -> None:
+    """NoFitError when some call has no candidate at all (nothing fits even with the cluster to itself)."""
+    empty = [c for c, o in options.items() if not o]
+    if empty:
+        smallest = min((b[1].overflow_bytes for b in base.values() if b[1] is not None), default=math.inf)
+        raise NoFitError(
+            f"no allocation of {empty} fits on any mesh of {hw.num_nodes}x{hw.gpus_per_node} "
+            f"{hw.name} GPUs even alone; smallest baseline overflow {smallest / 2**30:.1f} GiB",
+            smallest,
+        )
+
+
+def _walk(
+    state: _State,
+    current: dict[str, CallAllocation],
+    current_cost: PlanCost,
+    options: dict[str, list[CallAllocation]],
+    rng: random.Random,
+    beta: float,
+    deadline: float,
+) -> tuple[dict[str, CallAllocation], PlanCost, tuple[PlanCost, dict[str, CallAllocation]] | None, float]:
+    """Up to 200 Metropolis moves (ReaL's MCMC): re-pick a random call's candidate at random; accept a
+    plan that is worse by the relative increase d with probability exp(-beta * d).
+
+    Returns (where the walk ended, its cost, the fastest fitting plan it accepted or None, the
+    smallest overflow it saw). Overflowing plans are priced by ``_penalized``, so the walk can cross them.
+    """
+    walk_cost = _penalized(current_cost, state.hw)
+    best: tuple[PlanCost, dict[str, CallAllocation]] | None = None
+    smallest_overflow = math.inf
+    for _ in range(200):
+        if state.clock() >= deadline:
+            break
+        call = rng.choice(state.names)
+        proposal = dict(current)
+        proposal[call] = rng.choice(options[call])
+        cost = state.evaluate(proposal)
+        smallest_overflow = min(smallest_overflow, cost.overflow_bytes)
+        new = _penalized(cost, state.hw)
+        if new <= walk_cost or rng.random() < math.exp(-beta * (new - walk_cost) / walk_cost):
+            current, current_cost, walk_cost = proposal, cost, new
+            if _faster(cost, None if best is None else best[0]):
+                best = (cost, dict(current))
+    return current, current_cost, best, smallest_overflow
 
 
 def _descend(

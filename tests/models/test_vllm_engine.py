@@ -146,3 +146,39 @@ def test_sleep_frees_gpu_memory_and_wake_up_generates_the_same(tiny_model_dir):
         assert not eng.asleep and after[0][0].token_ids == before[0][0].token_ids
     finally:
         eng.close()
+
+
+def test_llm_arguments_on_cpu_and_gpu(tmp_path):
+    from models.vllm_engine import llm_arguments
+
+    common = dict(
+        dtype="float32",
+        seed=3,
+        max_model_len=2048,
+        tensor_parallel_size=1,
+        gpu_memory_utilization=0.5,
+        enforce_eager=None,
+    )
+    cpu = llm_arguments(tmp_path / "m", tmp_path / "t", on_gpu=False, llm_kwargs={}, **common)
+    assert cpu["enforce_eager"] is True and cpu["max_num_batched_tokens"] == 2**18
+    assert "gpu_memory_utilization" not in cpu and cpu["model"] == str(tmp_path / "m")
+    gpu = llm_arguments(tmp_path / "m", tmp_path / "t", on_gpu=True, llm_kwargs={"enforce_eager": True}, **common)
+    assert gpu["gpu_memory_utilization"] == 0.5 and gpu["enforce_eager"] is True  # the caller's kwargs win
+    assert "max_num_batched_tokens" not in gpu
+
+
+def test_cpu_kv_cache_sets_whole_gib_or_bytes_and_restores(monkeypatch):
+    import os
+
+    from models.vllm_engine import _cpu_kv_cache
+
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    kwargs: dict = {}
+    with _cpu_kv_cache(2.0, kwargs):
+        assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "2" and kwargs == {}
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    with _cpu_kv_cache(0.5, kwargs):
+        assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ and kwargs == {"kv_cache_memory_bytes": 2**29}
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    with _cpu_kv_cache(None, kwargs):  # on GPU, or no size asked for: the variable as it is
+        assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
