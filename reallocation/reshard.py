@@ -193,26 +193,40 @@ def iter_reshard(
         else:
             dst_shards = allocate_destination(sub, rank, dtype, device)
             stats.dst_bytes += sum(t.numel() * t.element_size() for t in dst_shards.values())
-        t0 = time.perf_counter()
-        _copy_local(sub, src_shards, dst_shards, rank, stats, dtype)
-        stats.add_time("local_s", time.perf_counter() - t0)
-        rounds = [
-            _round_ops(msgs, sub, rank, src_shards, dst_shards, dtype)
-            for msgs in schedule(sub, itemsizes, bucket_bytes)
-        ]
-        stats.num_rounds += len(rounds)
-        # One staging buffer for the whole schedule, reused by every round.
-        size = max((staged for _, staged in rounds), default=0)
-        buf = torch.empty(size, dtype=torch.uint8, device=device) if size else None
-        stats.peak_buffer_bytes = max(stats.peak_buffer_bytes, size)
-        for ops, _ in rounds:
-            if ops:
-                _run_round(ops, buf, group, stats)
-        del buf, rounds
+        _run_plan(sub, src_shards, dst_shards, rank, dtype, itemsizes, bucket_bytes, group, device, stats)
         stats.seconds += time.perf_counter() - start
         yield from dst_shards.items()
         start = time.perf_counter()
     stats.seconds += time.perf_counter() - start
+
+
+def _run_plan(
+    plan: Plan,
+    src_shards: Mapping[str, torch.Tensor],
+    dst_shards: dict[str, torch.Tensor],
+    rank: int,
+    dtype: DTypes,
+    itemsizes: Mapping[str, int],
+    bucket_bytes: int,
+    group,
+    device: torch.device,
+    stats: ReshardStats,
+) -> None:
+    """This rank's part of ``plan``: the local copies, then every round of the schedule."""
+    t0 = time.perf_counter()
+    _copy_local(plan, src_shards, dst_shards, rank, stats, dtype)
+    stats.add_time("local_s", time.perf_counter() - t0)
+    rounds = [
+        _round_ops(msgs, plan, rank, src_shards, dst_shards, dtype) for msgs in schedule(plan, itemsizes, bucket_bytes)
+    ]
+    stats.num_rounds += len(rounds)
+    # One staging buffer for the whole schedule, reused by every round.
+    size = max((staged for _, staged in rounds), default=0)
+    buf = torch.empty(size, dtype=torch.uint8, device=device) if size else None
+    stats.peak_buffer_bytes = max(stats.peak_buffer_bytes, size)
+    for ops, _ in rounds:
+        if ops:
+            _run_round(ops, buf, group, stats)
 
 
 def _run_round(ops: list[_Op], buf: torch.Tensor | None, group, stats: ReshardStats) -> None:
@@ -302,6 +316,23 @@ def reshard_in_process(
     return out, stats
 
 
+def _bucket_buffer(
+    plan: Plan, names: list[str], dtype: DTypes, itemsizes: Mapping[str, int], device: torch.device
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """One flat byte buffer for the full parameters ``names`` (each at an aligned offset) and a view
+    of each parameter in it (name -> tensor of its full shape), so one broadcast moves the bucket."""
+    offsets, total = {}, 0
+    for name in names:
+        offsets[name] = total
+        total += aligned(box_numel(full_box(plan.shapes[name])) * itemsizes[name])
+    flat = torch.empty(total, dtype=torch.uint8, device=device)
+    full = {}
+    for n in names:
+        nbytes = box_numel(full_box(plan.shapes[n])) * itemsizes[n]
+        full[n] = flat[offsets[n] : offsets[n] + nbytes].view(_dtype(dtype, n)).view(plan.shapes[n])
+    return flat, full
+
+
 def reshard_gather_broadcast(
     plan: Plan,
     src_shards: Mapping[str, torch.Tensor],
@@ -330,15 +361,8 @@ def reshard_gather_broadcast(
     start = time.perf_counter()
     out = allocate_destination(plan, rank, dtype, device)
     for names in _param_groups(plan, itemsizes, bucket_bytes):
-        offsets, total = {}, 0
-        for name in names:
-            offsets[name] = total
-            total += aligned(box_numel(full_box(plan.shapes[name])) * itemsizes[name])
-        flat = torch.empty(total, dtype=torch.uint8, device=device)
-        full = {}
-        for n in names:
-            nbytes = box_numel(full_box(plan.shapes[n])) * itemsizes[n]
-            full[n] = flat[offsets[n] : offsets[n] + nbytes].view(_dtype(dtype, n)).view(plan.shapes[n])
+        flat, full = _bucket_buffer(plan, names, dtype, itemsizes, device)
+        total = flat.numel()
         # Gather on root with the minimal plan (root keeps what it holds) ...
         gather_dst = {n: {root: full_box(plan.shapes[n])} for n in names}
         gather = make_plan({n: plan.src[n] for n in names}, gather_dst, plan.shapes)

@@ -88,6 +88,25 @@ def _default_grade(responses: list[str], golds: list[str], datasets: list[str]) 
     return grade_many(responses, golds, datasets=datasets)
 
 
+def step_layout(segments: Sequence[SegmentedResponse]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Where each response's steps end, padded to the most steps S in the batch.
+
+    Returns num_steps [B] long, step_end_index [B, S] long (token index of step k's last token, 0
+    past the response's steps) and step_mask [B, S] bool.
+    Worked example: steps ending on tokens (2, 5) and (4,) -> num_steps [2, 1],
+    step_end_index [[2, 5], [4, 0]], step_mask [[True, True], [True, False]].
+    """
+    batch = len(segments)
+    num_steps = torch.tensor([seg.num_steps for seg in segments], dtype=torch.long)
+    max_steps = int(num_steps.max()) if batch else 0
+    step_end_index = torch.zeros(batch, max_steps, dtype=torch.long)
+    step_mask = torch.zeros(batch, max_steps, dtype=torch.bool)
+    for b, seg in enumerate(segments):
+        step_end_index[b, : seg.num_steps] = torch.tensor(seg.end_token_index, dtype=torch.long)
+        step_mask[b, : seg.num_steps] = True
+    return num_steps, step_end_index, step_mask
+
+
 class ShapedReward:
     """RewardFn: success + alpha * (ORM on the final token | refined PRM step rewards on step-end tokens).
 
@@ -127,39 +146,17 @@ class ShapedReward:
         )
         success = torch.tensor([float(g.correct) for g in graded], dtype=torch.float32)
         segments = [segment_response(s.response_token_ids, self.tokenizer, cfg.step_delimiter) for s in samples]
-        num_steps = torch.tensor([seg.num_steps for seg in segments], dtype=torch.long)
-        max_steps = int(num_steps.max()) if batch else 0
-        step_end_index = torch.zeros(batch, max_steps, dtype=torch.long)
-        step_mask = torch.zeros(batch, max_steps, dtype=torch.bool)
-        for b, seg in enumerate(segments):
-            step_end_index[b, : seg.num_steps] = torch.tensor(seg.end_token_index, dtype=torch.long)
-            step_mask[b, : seg.num_steps] = True
-        step_rewards = torch.zeros(batch, max_steps)
+        num_steps, step_end_index, step_mask = step_layout(segments)
+        step_rewards = torch.zeros(step_mask.shape)
         learned = torch.zeros(batch)
         step_scores: list[list[float]] = [[] for _ in samples]
         metrics: dict[str, float] = {}
-
         if cfg.kind == RewardKind.orm:
-            orm = cast(OutcomeScorer, self.reward_model)  # kind orm: the constructor required one
-            scores = torch.tensor(orm.score_outcomes([s.question for s in samples], [seg.text for seg in segments]))
-            learned = cfg.alpha * scores * (lengths > 0)
-            metrics["reward/orm_score"] = float(scores.mean()) if batch else 0.0
+            learned = self._orm_rewards(samples, segments, lengths, metrics)
         elif cfg.kind == RewardKind.prm:
             step_scores = self._score_steps(samples, segments)
-            scores = torch.zeros(batch, max_steps)
-            for b, c in enumerate(step_scores):
-                scores[b, : len(c)] = torch.tensor(c)
-            if self._calibrate_eta:
-                assert cfg.eta_zero_fraction is not None  # _calibrate_eta is only set when it is
-                self.eta = eta_for_zero_fraction(step_scores, cfg.eta_zero_fraction)
-                self._calibrate_eta = False
-            step_rewards = cfg.alpha * refine_batched(scores, step_mask, cfg.refinement, self.eta)
+            step_rewards = self._prm_step_rewards(step_scores, step_mask, metrics)
             learned = step_rewards.sum(dim=1)
-            if step_mask.any():
-                metrics["reward/step_score"] = float(scores[step_mask].mean())
-                metrics["reward/zero_clip_fraction"] = zero_fraction(step_scores, self.eta)
-            if cfg.refinement in (Refinement.clip, Refinement.clip_delta):
-                metrics["reward/eta"] = self.eta
 
         token_rewards = place_token_rewards(
             lengths,
@@ -187,6 +184,43 @@ class ShapedReward:
             extracted=[g.extracted for g in graded],
             metrics=metrics,
         )
+
+    def _orm_rewards(
+        self,
+        samples: Sequence[RewardSample],
+        segments: Sequence[SegmentedResponse],
+        lengths: torch.Tensor,
+        metrics: dict[str, float],
+    ) -> torch.Tensor:
+        """alpha * ORM score per response [B] (0 for an empty response); adds the mean score to ``metrics``."""
+        orm = cast(OutcomeScorer, self.reward_model)  # kind orm: the constructor required one
+        scores = torch.tensor(orm.score_outcomes([s.question for s in samples], [seg.text for seg in segments]))
+        metrics["reward/orm_score"] = float(scores.mean()) if len(samples) else 0.0
+        return self.cfg.alpha * scores * (lengths > 0)
+
+    def _prm_step_rewards(
+        self, step_scores: list[list[float]], step_mask: torch.Tensor, metrics: dict[str, float]
+    ) -> torch.Tensor:
+        """alpha * refine(c_1..c_K) per step [B, S] (0 past each response's steps).
+
+        The first call calibrates the Clip threshold eta when ``eta_zero_fraction`` is set; adds the
+        mean step score, the zero-clip fraction and eta to ``metrics``.
+        """
+        cfg = self.cfg
+        scores = torch.zeros(step_mask.shape)
+        for b, c in enumerate(step_scores):
+            scores[b, : len(c)] = torch.tensor(c)
+        if self._calibrate_eta:
+            assert cfg.eta_zero_fraction is not None  # _calibrate_eta is only set when it is
+            self.eta = eta_for_zero_fraction(step_scores, cfg.eta_zero_fraction)
+            self._calibrate_eta = False
+        step_rewards = cfg.alpha * refine_batched(scores, step_mask, cfg.refinement, self.eta)
+        if step_mask.any():
+            metrics["reward/step_score"] = float(scores[step_mask].mean())
+            metrics["reward/zero_clip_fraction"] = zero_fraction(step_scores, self.eta)
+        if cfg.refinement in (Refinement.clip, Refinement.clip_delta):
+            metrics["reward/eta"] = self.eta
+        return step_rewards
 
     def _score_steps(self, samples: Sequence[RewardSample], segments: Sequence[SegmentedResponse]) -> list[list[float]]:
         """c_k for every response with at least one step (an empty response has none)."""

@@ -166,13 +166,7 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
     base_dir = resolve_model_dir(cfg.model)
     check_fits(cfg, base_dir)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    r = cfg.rollout
-    prompts = {
-        p.id: prompt_text(tokenizer, p.question, r.system_prompt, r.prompt_suffix) for p in train_problems + heldout
-    }
-    prompt_tokens = {
-        pid: prompt_ids(tokenizer, text, r.max_prompt_tokens, f"problem {pid}") for pid, text in prompts.items()
-    }
+    prompts, prompt_tokens = render_prompts(cfg, tokenizer, train_problems + heldout)
     reward_dir = resolve_reward_model_dir(cfg)
     cl = cfg.cluster
     cluster = RayCluster.start(
@@ -198,20 +192,7 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
             make_kl_controller(cfg.ppo),
         )
         atomic_write_text(run_dir / "placement.json", json.dumps(runtime.placement(), indent=2))
-        start = resume_or_begin(run)
-        progress = Progress(cfg.run.num_iterations, start)
-        for it in range(start, cfg.run.num_iterations):
-            metrics = run_iteration(run, it)
-            _log(
-                progress.line(
-                    it + 1,
-                    f"success {metrics['reward/success']:.3f} | learned {metrics['reward/learned']:+.3f} "
-                    f"| kl {metrics['kl/mean']:.4f} | len {metrics['response/length']:.1f} "
-                    f"| steps {metrics['response/num_steps']:.2f} | {metrics['throughput/tokens_per_s']:.0f} tok/s",
-                )
-            )
-        if start >= cfg.run.num_iterations:  # resumed a finished run: no iteration evaluated
-            run.last_eval = heldout_success(run, cfg.run.seed)
+        run_iterations(run, resume_or_begin(run))
         after = run.last_eval["heldout/success"]
         summary = {"heldout_before": run.before, "heldout_after": after, "run_dir": str(run_dir)}
         atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
@@ -223,6 +204,38 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
     _log(f"metrics: {run_dir / 'metrics.jsonl'}  curves: {run_dir / 'curves.png'}")
     _log(f"held-out success: {run.before:.3f} -> {after:.3f}")
     return summary
+
+
+def render_prompts(
+    cfg: TrainConfig, tokenizer: Any, problems: list[Problem]
+) -> tuple[dict[str, str], dict[str, list[int]]]:
+    """Each problem's prompt text and token ids (problem id -> ...); a prompt over
+    ``rollout.max_prompt_tokens`` fails here, naming its problem."""
+    r = cfg.rollout
+    prompts = {p.id: prompt_text(tokenizer, p.question, r.system_prompt, r.prompt_suffix) for p in problems}
+    prompt_tokens = {
+        pid: prompt_ids(tokenizer, text, r.max_prompt_tokens, f"problem {pid}") for pid, text in prompts.items()
+    }
+    return prompts, prompt_tokens
+
+
+def run_iterations(run: Run, start: int) -> None:
+    """Iterations ``start`` .. ``cfg.run.num_iterations - 1``, one progress line each; ``run.last_eval``
+    holds the held-out success after the last (evaluated here when a finished run was resumed)."""
+    num_iterations = run.cfg.run.num_iterations
+    progress = Progress(num_iterations, start)
+    for it in range(start, num_iterations):
+        metrics = run_iteration(run, it)
+        _log(
+            progress.line(
+                it + 1,
+                f"success {metrics['reward/success']:.3f} | learned {metrics['reward/learned']:+.3f} "
+                f"| kl {metrics['kl/mean']:.4f} | len {metrics['response/length']:.1f} "
+                f"| steps {metrics['response/num_steps']:.2f} | {metrics['throughput/tokens_per_s']:.0f} tok/s",
+            )
+        )
+    if start >= num_iterations:  # resumed a finished run: no iteration evaluated
+        run.last_eval = heldout_success(run, run.cfg.run.seed)
 
 
 def deploy(cfg: TrainConfig, cluster: Any, plan: Any, policy_dir: Path) -> Any:

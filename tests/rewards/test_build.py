@@ -7,9 +7,10 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from rewards.build import ShapedReward, build_reward_fn, place_token_rewards
+from rewards.build import ShapedReward, build_reward_fn, place_token_rewards, step_layout
 from rewards.config import Refinement, RewardConfig, RewardKind, RewardModelConfig
 from rewards.reward_model import RewardModelError
+from rewards.segment import SegmentedResponse, Step
 from rewards.types import RewardSample
 
 QUESTION = "Start with 7. Add 5, then multiply by 3. What is the result?"
@@ -240,3 +241,14 @@ def test_building_never_trains_a_missing_builtin(tok, tmp_path, monkeypatch):
     with pytest.raises(RewardModelError, match=r"not trained yet .*python -m rewards.train_rm kind=prm"):
         build_reward_fn(cfg, tok)
     assert not any(tmp_path.rglob("*"))  # nothing was built
+
+
+def test_step_layout_pads_to_the_most_steps():
+    def seg(ends: list[int]) -> SegmentedResponse:
+        return SegmentedResponse([Step("s", "\n\n") for _ in ends], ends, "s\n\n" * len(ends))
+
+    num_steps, end_index, mask = step_layout([seg([2, 5]), seg([4]), seg([])])
+    assert num_steps.tolist() == [2, 1, 0]
+    assert end_index.tolist() == [[2, 5], [4, 0], [0, 0]]
+    assert mask.tolist() == [[True, True], [True, False], [False, False]]
+    assert [t.shape for t in step_layout([])] == [(0,), (0, 0), (0, 0)]
