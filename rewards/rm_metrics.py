@@ -34,12 +34,17 @@ def heldout_metrics(
     """Held-out accuracies at threshold 0.5, with what a constant would get, and AUCs.
 
     step_*: every step's score vs its label (PRM). final_*: the score at the last read (the last step
-    for a PRM, the response for an ORM) vs the final label. The majority baseline is the accuracy of
-    always answering the more common label; AUC is threshold-free (0.5 = no better than a constant).
+    for a PRM, the response for an ORM) vs the final label. final_min_*: a PRM's lowest step score over
+    the response, the solution score PRMs are ranked by as verifiers (Lightman et al. 2023, Math-Shepherd):
+    one bad step makes the solution bad, while the last step alone may look fine after an earlier slip.
+    The majority baseline is the accuracy of always answering the more common label; AUC is
+    threshold-free (0.5 = no better than a constant).
     """
     step_scores: list[float] = []
     step_labels: list[int] = []
     final_scores: list[float] = []
+    min_scores: list[float] = []
+    running_min = float("inf")  # a response's windows are consecutive and end with is_last_window
     final_labels = [e.final_label for e in data if e.is_last_window]
     for first in range(0, len(data), batch_size):
         batch = data[first : first + batch_size]
@@ -49,8 +54,11 @@ def heldout_metrics(
         for e in batch:
             mine = scores[position : position + len(e.reads)]
             position += len(e.reads)
+            running_min = min([running_min, *mine])
             if e.is_last_window:
                 final_scores.append(mine[-1])
+                min_scores.append(running_min)
+                running_min = float("inf")
             step_scores += mine
             step_labels += [int(y >= 0.5) for y in e.labels]
 
@@ -75,11 +83,13 @@ def heldout_metrics(
             step_accuracy=accuracy(step_scores, step_labels),
             step_majority_baseline=majority(step_labels),
             step_auc=auc(step_scores, step_labels),
+            final_min_accuracy=accuracy(min_scores, final_labels),
+            final_min_auc=auc(min_scores, final_labels),
             num_heldout_steps=len(step_labels),
         )
     return metrics
 
 
 def accuracies_line(metrics: dict[str, Any]) -> str:
-    keys = ("step_accuracy", "step_auc", "final_accuracy", "final_auc")
+    keys = ("step_accuracy", "step_auc", "final_accuracy", "final_auc", "final_min_auc")
     return ", ".join(f"{k} {metrics[k]:.3f}" for k in keys if k in metrics)

@@ -9,9 +9,12 @@
 # Environment (all optional except the reward models on a real policy):
 #   MODEL_ARGS   overrides for the policy, e.g. "model.path=/models/qwen2.5-math-1.5b-instruct"
 #   PRM_PATH, PRM_ARGS   the PRM of prm/prm_clip/prm_delta/prm_clip_delta and its format overrides, e.g.
-#                PRM_ARGS="reward.model.readout=step_tag \"reward.model.step_tag=' ки'\" reward.model.good_token=+
-#                          reward.model.bad_token=- \"reward.model.question_template='{question} '\""
-#   ORM_PATH, ORM_ARGS   the ORM of `orm` (another model than the PRM if you like)
+#                PRM_ARGS="reward_models.prm.readout=step_tag \"reward_models.prm.step_tag=' ки'\"
+#                          reward_models.prm.good_token=+ reward_models.prm.bad_token=-
+#                          \"reward_models.prm.question_template='{question} '\""
+#   ORM_PATH, ORM_ARGS   the ORM of `orm` (another model than the PRM if you like; reward_models.orm.* keys)
+#   Every run gets both (reward_models.prm / reward_models.orm; each option reads its own), as one Hydra
+#   sweep would: python train.py -m +reward=orm,prm reward_models.prm.path=... reward_models.orm.path=...
 #   TRAIN_ARGS   more train.py overrides for every run (e.g. cluster=gpu_2x8 cluster.plan=search)
 #   EVAL_ARGS    more `python -m eval` overrides (e.g. limit=100)
 #   REWARDS      which options (default: all six, in the paper's order); SEED (default 0)
@@ -39,20 +42,19 @@ mapfile -t train_args < <(words "${TRAIN_ARGS:-}")
 mapfile -t eval_args < <(words "${EVAL_ARGS:-}")
 mapfile -t prm_args < <(words "${PRM_ARGS:-}")
 mapfile -t orm_args < <(words "${ORM_ARGS:-}")
-[ -n "${PRM_PATH:-}" ] && prm_args=("reward.model.path=$PRM_PATH" "${prm_args[@]}")
-[ -n "${ORM_PATH:-}" ] && orm_args=("reward.model.path=$ORM_PATH" "${orm_args[@]}")
+[ -n "${PRM_PATH:-}" ] && prm_args=("reward_models.prm.path=$PRM_PATH" "${prm_args[@]}")
+[ -n "${ORM_PATH:-}" ] && orm_args=("reward_models.orm.path=$ORM_PATH" "${orm_args[@]}")
 
 runs=()
 for reward in $REWARDS; do
   run="$OUT/$reward/seed$SEED"
-  case "$reward" in orm) rm_args=("${orm_args[@]}") ;; success) rm_args=() ;; *) rm_args=("${prm_args[@]}") ;; esac
   if [ -f "$run/summary.json" ]; then
     echo "[reproduce] $reward: finished earlier ($run)"
   else
     echo "[reproduce] $reward: training -> $run"
     # run.name: a fixed run directory, so that relaunching this script resumes the run.
     "$PY" train.py "experiment=$EXPERIMENT" "+reward=$reward" "run.seed=$SEED" "run.name=$run" \
-      "${model_args[@]}" "${rm_args[@]}" "${train_args[@]}"
+      "${model_args[@]}" "${prm_args[@]}" "${orm_args[@]}" "${train_args[@]}"
   fi
   runs+=("$run")
 done

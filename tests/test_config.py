@@ -99,8 +99,8 @@ def test_unknown_reward_option_names_it():
 def test_experiments_compose_with_every_reward(reward):
     mini = _compose(["experiment=mini_repro", f"+reward={reward}"])
     assert mini.model.name == "tiny" and mini.run.num_iterations == 16
-    real_rm = ["reward.model.path=/models/rm"] if reward != "success" else []
-    qwen = _compose(["experiment=qwen_math_1.5b", f"+reward={reward}", *real_rm])
+    real_rm = ["reward_models.prm.path=/models/prm", "reward_models.orm.path=/models/orm"]
+    qwen = _compose(["experiment=reward_paper_1.5b", f"+reward={reward}", *real_rm])
     assert qwen.model.name == "qwen2.5-math-1.5b-instruct" and qwen.cluster.backend == "nccl"
     assert qwen.data.name == "math_train" and qwen.ppo.actor_lr == 1e-6
 

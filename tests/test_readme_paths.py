@@ -27,7 +27,8 @@ def readme_paths(text: str, top_level: set[str]) -> list[str]:
     for match in _CANDIDATE.finditer(text):
         for token in match.group(0).strip("`]()").split():
             token = token.strip("`'\"").rstrip(".,;:")
-            if token.startswith(("http://", "https://")) or any(c in token for c in "=*<>$"):
+            # "=*<>$" and "...": overrides, globs and placeholders (outputs/.../plan.yaml), not paths.
+            if token.startswith(("http://", "https://")) or any(c in token for c in "=*<>$") or "..." in token:
                 continue
             first = token.split("::")[0].split("/")[0]
             if first in top_level and ("/" in token or "." in first):

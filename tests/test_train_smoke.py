@@ -76,6 +76,27 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
     assert rows[3]["reward/eta"] == rows[1]["reward/eta"]
 
 
+# Wall-clock keys: everything else in a metrics row is a function of the seed on one machine.
+_TIMING_PREFIXES = ("time/", "throughput/", "call/")
+
+
+def _untimed(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not k.startswith(_TIMING_PREFIXES)} for r in rows]
+
+
+@pytest.mark.slow
+def test_two_runs_with_one_seed_give_the_same_metrics(tmp_path):
+    """What the README's determinism statement rests on: on one machine, the same command twice (PRM
+    reward, so the reward model's scores are in it too) writes the same numbers, timings aside."""
+    runs = []
+    for name in ("a", "b"):
+        proc = _train(["+reward=prm", "run.num_iterations=2", *SMALL, f"hydra.run.dir={tmp_path / name}"])
+        _last_line(proc)
+        runs.append([json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()])
+    assert len(runs[0]) == 3 and "reward/learned" in runs[0][-1]
+    assert _untimed(runs[0]) == _untimed(runs[1])
+
+
 @pytest.mark.slow
 def test_mini_repro_sweep_two_iterations(tmp_path):
     """The issue-8 multirun, 2 iterations per reward option, then the summary table and plot."""

@@ -2,7 +2,7 @@
 
 The defaults are the built-in CPU run (`python train.py`): the tiny model, an SFT warm-up on the
 synthetic task, then PPO at a learning rate and batch that suit a 0.4M-parameter model. Runs on
-real models override them in one place: `configs/experiment/` (e.g. `experiment=qwen_math_1.5b`).
+real models override them in one place: `configs/experiment/` (e.g. `experiment=reward_paper_1.5b`).
 
 After `train.py`, no code sees a DictConfig: components get their own plain dataclass.
 """
@@ -18,7 +18,7 @@ from eval.config import DataConfig
 from models.config import ModelConfig
 from models.schedule import LRSchedule
 from reallocation.config import ClusterConfig
-from rewards.config import RewardConfig
+from rewards.config import RewardConfig, RewardModelConfig
 
 
 class KLController(Enum):
@@ -121,6 +121,10 @@ class SFTConfig:
     num_steps: int = 600
     batch_size: int = 32
     lr: float = 1e-3
+    lr_schedule: LRSchedule = LRSchedule.constant
+    num_warmup_steps: int = 0
+    lr_floor: float = 0.0
+    """The schedule's final multiplier (``models/schedule.py``)."""
 
 
 @dataclass
@@ -154,10 +158,20 @@ class RunConfig:
 
 
 @dataclass
+class RewardModelsConfig:
+    """The reward models the options use: `+reward=orm` reads `orm`, the four PRM options read `prm`
+    (configs/reward/model/). Two keys, so that one sweep's ORM and PRM runs can use different models."""
+
+    prm: RewardModelConfig = field(default_factory=lambda: RewardModelConfig(path="builtin:synthetic-prm"))
+    orm: RewardModelConfig = field(default_factory=lambda: RewardModelConfig(path="builtin:synthetic-orm"))
+
+
+@dataclass
 class TrainConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    reward_models: RewardModelsConfig = field(default_factory=RewardModelsConfig)
     data: DataConfig = field(default_factory=DataConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     ppo: PPOConfig = field(default_factory=PPOConfig)
@@ -173,12 +187,13 @@ class TrainConfig:
 # to a local directory on a machine with hub access, as for the policy).
 PUBLIC_PRM_HINT = (
     "a PRM such as Math-Shepherd (peiyi9979/math-shepherd-mistral-7b-prm, a causal LM read at a step tag): "
-    "reward.model.path=/models/math-shepherd reward.model.readout=step_tag \"reward.model.step_tag=' ки'\" "
-    "reward.model.good_token=+ reward.model.bad_token=- \"reward.model.question_template='{question} '\""
+    "reward_models.prm.path=/models/math-shepherd reward_models.prm.readout=step_tag "
+    "\"reward_models.prm.step_tag=' ки'\" reward_models.prm.good_token=+ reward_models.prm.bad_token=- "
+    "\"reward_models.prm.question_template='{question} '\""
 )
 PUBLIC_ORM_HINT = (
     "an ORM with a sequence-classification head, such as Skywork/Skywork-Reward-Llama-3.1-8B-v0.2: "
-    "reward.model.path=/models/skywork-reward reward.model.readout=seq_cls, or one trained on your policy's "
+    "reward_models.orm.path=/models/skywork-reward reward_models.orm.readout=seq_cls, or one trained on your policy's "
     "own samples with python -m rewards.train_rm kind=orm (as the paper did)"
 )
 
@@ -196,8 +211,8 @@ def check_reward_model(cfg: TrainConfig) -> None:
     hint = PUBLIC_ORM_HINT if cfg.reward.kind == RewardKind.orm else PUBLIC_PRM_HINT
     raise ValueError(
         f"reward.model.path={path} is a 2-layer reward model trained on the synthetic arithmetic task; it cannot "
-        f"score the solutions of model={cfg.model.name} ({cfg.model.path}). Point reward.model.path at a real "
-        f"reward model, e.g. {hint}"
+        f"score the solutions of model={cfg.model.name} ({cfg.model.path}). Point reward_models.{cfg.reward.kind.value}.path "
+        f"(or reward.model.path) at a real reward model, e.g. {hint}"
     )
 
 

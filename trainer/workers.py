@@ -388,6 +388,7 @@ class PolicyWorker:
         self.model = _shard(model, self.ranks)
         self.trainer = _Trainer(self.model, self.ranks, self.ppo, self.ppo.actor_lr, num_iterations, seed)
         self._sft_optimizer: torch.optim.Optimizer | None = None
+        self._sft_scheduler: Any = None
 
     def compute_logprobs(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
         """log pi(a_t | s_t) of each response token of this rank's slice, [B, T] (0 on padding)."""
@@ -425,9 +426,16 @@ class PolicyWorker:
 
     def sft_step(self, batch: Mapping[str, Tensor]) -> float:
         """One supervised step on the response tokens (the reference solutions); returns the global
-        mean NLL per response token. Uses its own AdamW at ``sft.lr`` (constant), not the PPO one."""
+        mean NLL per response token. Uses its own AdamW at ``sft.lr`` on ``sft.lr_schedule``, not the PPO one."""
         if self._sft_optimizer is None:
             self._sft_optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.sft.lr, weight_decay=0.0)
+            self._sft_scheduler = build_lr_scheduler(
+                self._sft_optimizer,
+                self.sft.lr_schedule,
+                self.sft.num_warmup_steps,
+                max(self.sft.num_steps, 1),
+                self.sft.lr_floor,
+            )
         batch = _to_device(batch, self.ranks.device)
         mask_BT = batch["response_mask"]
         num_tokens = self.ranks.all_reduce_sum(mask_BT.sum().float())
@@ -437,6 +445,7 @@ class PolicyWorker:
         (loss * self.ranks.world_size).backward()
         _global_grad_norm_clip(self.model, self.ppo.max_grad_norm)
         self._sft_optimizer.step()
+        self._sft_scheduler.step()
         self._sft_optimizer.zero_grad(set_to_none=True)
         return float(self.ranks.all_reduce_sum(loss.detach()).cpu())
 

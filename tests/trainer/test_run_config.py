@@ -46,16 +46,32 @@ def test_synthetic_reward_model_with_a_hub_policy_fails_naming_a_public_one(rewa
     assert "builtin:synthetic-" in message and names in message
     if reward.startswith("prm"):
         for override in (
-            "reward.model.readout=step_tag",
-            "reward.model.step_tag=' ки'",
-            "reward.model.good_token=+",
-            "reward.model.bad_token=-",
-            "reward.model.question_template='{question} '",
+            "reward_models.prm.readout=step_tag",
+            "reward_models.prm.step_tag=' ки'",
+            "reward_models.prm.good_token=+",
+            "reward_models.prm.bad_token=-",
+            "reward_models.prm.question_template='{question} '",
         ):
             assert override in message
     # The tiny policy on the synthetic task keeps its built-ins; a real reward model is accepted.
     assert _compose([f"+reward={reward}"]).reward.model.path.startswith("builtin:synthetic-")
     assert _compose([f"+reward={reward}", "model=qwen2.5-math-1.5b-instruct", "reward.model.path=/m/rm"])
+
+
+def test_one_sweep_points_orm_and_prm_runs_at_different_reward_models():
+    """`-m +reward=orm,prm_delta reward_models.prm.path=A reward_models.orm.path=B`: each job reads its own."""
+    both = ["model=qwen2.5-math-1.5b-instruct", "reward_models.prm.path=/m/prm", "reward_models.orm.path=/m/orm"]
+    prm = _compose(["+reward=prm_delta", *both, "reward_models.prm.readout=step_tag", "reward_models.prm.good_token=+"])
+    orm = _compose(["+reward=orm", *both, "reward_models.prm.readout=step_tag"])
+    assert (prm.reward.model.path, prm.reward.model.readout.value, prm.reward.model.good_token) == (
+        "/m/prm",
+        "step_tag",
+        "+",
+    )
+    assert (orm.reward.model.path, orm.reward.model.readout.value) == ("/m/orm", "auto")
+    # reward.model.* still overrides one run's field on top of its reward_models entry.
+    one = _compose(["+reward=orm", *both, "reward.model.batch_size=4"])
+    assert (one.reward.model.path, one.reward.model.batch_size) == ("/m/orm", 4)
 
 
 @pytest.mark.parametrize(
