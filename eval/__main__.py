@@ -44,7 +44,8 @@ from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
 from eval.config import ConfigError, to_plain, to_typed_config  # noqa: E402
-from models.config import DTYPES, ModelConfig  # noqa: E402
+from models.config import ModelConfig  # noqa: E402
+from reallocation.dtypes import DTYPES  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_CONFIG_DIR = REPO_ROOT / "configs" / "model"

@@ -4,23 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
 
-DTYPES = ("float32", "bfloat16", "float16")
-"""The dtypes a model trains, generates or scores in, by name (``torch.<name>``): the one table."""
-
-
-def check_dtype(name: str, key: str) -> None:
-    if name not in DTYPES:
-        raise ValueError(f"{key}={name!r}: expected {', '.join(DTYPES[:-1])} or {DTYPES[-1]}")
-
-
-def torch_dtype(name: str) -> Any:
-    """``torch.<name>`` for a name in DTYPES (torch is imported here, not by the config module)."""
-    import torch
-
-    check_dtype(name, "dtype")
-    return getattr(torch, name)
+# DTYPES is imported from here by trainer/workers.py; the table itself is reallocation/dtypes.py.
+from reallocation.dtypes import DTYPES as DTYPES
+from reallocation.dtypes import check_dtype
 
 
 class ModelSource(Enum):

@@ -38,6 +38,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from reallocation import dtypes
 from reallocation.layout import ModelSpec
 from reallocation.shapes import named_spec
 
@@ -215,14 +216,13 @@ def _timed(fn: Callable[[], Any], device: str, repeats: int = 3) -> float:
 def measure(
     specs: dict[str, ModelSpec], *, device: str, grid: dict, dtype: str = "auto", progress: bool = True
 ) -> Profile:
-    """Measure every op of ``OPS`` for each spec over ``grid`` on ``device``."""
+    """Measure every op of ``OPS`` for each spec over ``grid`` on ``device``, in ``dtype``: a name of
+    ``reallocation.dtypes.DTYPES``, or "auto" (bfloat16 on CUDA, float32 on CPU)."""
     import torch
 
-    torch_dtype = {
-        "auto": torch.bfloat16 if device == "cuda" else torch.float32,
-        "float32": torch.float32,
-        "bfloat16": torch.bfloat16,
-    }[dtype]
+    if dtype == "auto":
+        dtype = "bfloat16" if device == "cuda" else "float32"
+    torch_dtype = dtypes.torch_dtype(dtype)
     name = torch.cuda.get_device_name() if device == "cuda" else f"cpu x{torch.get_num_threads()} threads"
     profile = Profile(f"{name} ({str(torch_dtype).removeprefix('torch.')})")
     jobs = [

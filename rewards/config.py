@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from models.config import check_dtype
+from reallocation.dtypes import check_dtype
 
 
 class RewardKind(Enum):

@@ -126,3 +126,8 @@ def test_search_uses_the_profile_it_is_given():
     measured = search(w, hardware("cpu", 1, 2, hand_profile()), seconds_budget=1).cost
     # Same workload and cluster shape, different cost source: the caches must not mix them.
     assert measured.call_seconds["actor_train"] != pytest.approx(analytic.call_seconds["actor_train"])
+
+
+def test_measure_takes_the_one_dtype_table():
+    with pytest.raises(ValueError, match=r"dtype='fp8': expected float32, bfloat16 or float16"):
+        measure({}, device="cpu", grid={}, dtype="fp8", progress=False)
