@@ -188,13 +188,16 @@ def _register() -> None:
 def main() -> None:
     import hydra
 
-    from eval.config import to_typed_config
+    from eval.config import ConfigError, to_typed_config
 
     _register()
 
     @hydra.main(config_path="../configs/rm", config_name="train_rm", version_base="1.3")
     def run(dict_cfg) -> None:
-        cfg = to_typed_config(dict_cfg, RMTrainConfig, "rewards/train_rm.py")
+        try:
+            cfg = to_typed_config(dict_cfg, RMTrainConfig, "rewards/train_rm.py")
+        except ConfigError as e:  # bad input, not a bug: one line, as train.py and python -m eval print it
+            raise SystemExit(f"config error: {e}") from None
         out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
         if cfg.output_dir:
             info = train_reward_model(cfg, out)

@@ -196,3 +196,22 @@ def test_kv_cache_is_sized_for_one_chunk(tmp_path):
     assert auto_kv_cache_gib(tmp_path, "bfloat16", 64, 1536) == 3  # half the bytes: 2.32 GiB -> 3
     assert auto_kv_cache_gib(tmp_path, "float32", 1, 100) == 1  # at least 1
     assert auto_kv_cache_gib(tmp_path, "float32", 1024, 4096) == 8  # at most 8
+
+
+# runpy re-runs the module this file imported, as `python -m eval` would run it: the warning says so.
+@pytest.mark.filterwarnings("ignore:'eval.__main__' found in sys.modules:RuntimeWarning")
+@pytest.mark.parametrize("override, key", [("+no_such=1", "no_such"), ("+data.no_such_field=1", "data.no_such_field")])
+def test_command_rejects_an_added_unknown_key_before_evaluating(override, key, monkeypatch, tmp_path):
+    """`+key=value` lifts Hydra's struct mode; `python -m eval` must still stop at start, naming the key."""
+    import runpy
+
+    import models.registry
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("evaluation started with an unknown key")
+
+    monkeypatch.setattr(models.registry, "resolve_model_dir", must_not_run)  # run_eval's first step
+    monkeypatch.setattr(sys, "argv", ["eval", override, f"hydra.run.dir={tmp_path}", "hydra.output_subdir=null"])
+    with pytest.raises(SystemExit) as info:
+        runpy.run_module("eval", run_name="__main__", alter_sys=True)
+    assert str(info.value).startswith("error: config error: unknown config key") and key in str(info.value)

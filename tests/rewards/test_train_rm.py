@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -287,3 +288,25 @@ def test_auc_worked_example():
     # positives 0.9 and 0.3, negatives 0.8 and 0.1: 0.9 beats both, 0.3 beats only 0.1 -> 3 of 4 pairs.
     assert auc([0.9, 0.8, 0.3, 0.1], [1, 0, 1, 0]) == 0.75
     assert auc([0.5] * 4, [1, 0, 0, 0]) == 0.5  # a constant, whatever the balance
+
+
+# runpy re-runs the module this file imported, as `python -m` would run it: the warning says so.
+@pytest.mark.filterwarnings("ignore:'rewards.train_rm' found in sys.modules:RuntimeWarning")
+@pytest.mark.parametrize(
+    "override, key", [("+no_such_key=1", "no_such_key"), ("+synthetic.no_such_field=1", "synthetic.no_such_field")]
+)
+def test_cli_rejects_an_added_unknown_key_before_training(override, key, monkeypatch, tmp_path):
+    """`+key=value` lifts Hydra's struct mode; `python -m rewards.train_rm` must still stop at start
+    with one line naming the key (not a Hydra traceback)."""
+    import runpy
+
+    import models.registry
+
+    def must_not_train(*args, **kwargs):
+        raise AssertionError("training started with an unknown key")
+
+    monkeypatch.setattr(models.registry, "resolve_model_dir", must_not_train)  # training's first step
+    monkeypatch.setattr(sys, "argv", ["train_rm", override, f"hydra.run.dir={tmp_path}", "hydra.output_subdir=null"])
+    with pytest.raises(SystemExit) as info:
+        runpy.run_module("rewards.train_rm", run_name="__main__", alter_sys=True)
+    assert str(info.value).startswith("config error: unknown config key") and key in str(info.value)
