@@ -92,7 +92,8 @@ def main(spec_path: str, out_path: str) -> None:
         gamma=spec["gamma"],
         lam=spec["lam"],
         cliprange=spec["clip_eps"],
-        cliprange_value=spec["value_clip_eps"],
+        # None: realm's plain-regression critic; an infinite range makes TRL's clamp a no-op.
+        cliprange_value=float("inf") if spec["cliprange_value"] is None else spec["cliprange_value"],
         whiten_rewards=False,
         num_sample_generations=0,
         dataloader_num_workers=0,

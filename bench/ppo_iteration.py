@@ -22,9 +22,10 @@ machine load; the load average before and after each is recorded):
    reward models built from the same directory (``AutoModelForSequenceClassification``,
    ``num_labels=1``), the same prompt token ids per iteration in the same order, the same batch
    (prompts x samples), response length, temperature, stop at EOS, PPO epochs, minibatches,
-   learning rate, KL coefficient, gamma, lambda and clip ranges. TRL is installed with
-   ``pip --no-deps --target .cache/bench-deps/trl-0.29.1`` and put on that subprocess's
-   PYTHONPATH only; the project's virtual environment never gets it.
+   learning rate, KL coefficient, gamma, lambda, policy clip range and value loss
+   (``trl_value_clip``: no value clipping in either by default; the output says when the two value
+   losses differ). TRL is installed with ``pip --no-deps --target .cache/bench-deps/trl-0.29.1``
+   and put on that subprocess's PYTHONPATH only; the project's virtual environment never gets it.
 
 Tokens/s is end to end: generated tokens (up to and including EOS) over the wall time of whole
 PPO iterations, model loading and start-up excluded. Reported means are over the iterations after
@@ -269,6 +270,29 @@ def run_placement_baseline(args, realm: dict, run_dir: Path) -> dict:
 # ---------------------------------------------------------------------------------------------- TRL
 
 
+def trl_value_clip(ppo) -> dict[str, Any]:
+    """TRL's ``cliprange_value`` for realm's value-loss setting (``ppo.value_clip``), and whether the
+    two critics then minimise the same loss.
+
+    TRL's PPO always takes 1/2 max((V - R)^2, (clamp(V, V_old - c, V_old + c) - R)^2), c in reward units:
+    - ``none`` (realm's default: plain regression, 1/2 (V - R)^2): c = infinity (None in the JSON
+      spec; the TRL process passes ``float("inf")``), so the clamp is a no-op and the loss is the same.
+    - ``raw`` (c = value_clip_eps in reward units): the same loss.
+    - ``return_std`` (c = value_clip_eps x the iteration's return std): TRL has no such option; it gets
+      c = value_clip_eps in reward units, and the result says the losses differ.
+    """
+    mode = ppo.value_clip.value
+    if mode == "none":
+        return {"realm": mode, "trl_cliprange_value": None, "same_loss": True, "note": "no value clipping in either"}
+    note = f"both clip value moves at {ppo.value_clip_eps} in reward units"
+    if mode == "return_std":
+        note = (
+            f"differs: realm clips value moves at {ppo.value_clip_eps} x each iteration's return std, TRL at "
+            f"{ppo.value_clip_eps} in reward units (TRL has no return-scaled range)"
+        )
+    return {"realm": mode, "trl_cliprange_value": ppo.value_clip_eps, "same_loss": mode == "raw", "note": note}
+
+
 def run_trl(cfg, prompts: list[list[list[int]]], work: Path, threads: int) -> dict:
     from models.registry import resolve_model_dir
 
@@ -285,7 +309,7 @@ def run_trl(cfg, prompts: list[list[list[int]]], work: Path, threads: int) -> di
         "gamma": cfg.ppo.gamma,
         "lam": cfg.ppo.lam,
         "clip_eps": cfg.ppo.clip_eps,
-        "value_clip_eps": cfg.ppo.value_clip_eps,
+        "cliprange_value": trl_value_clip(cfg.ppo)["trl_cliprange_value"],
         "output_dir": str(work / "trl-output"),
         "iteration_prompt_ids": prompts,
     }
@@ -359,6 +383,7 @@ def print_table(result: dict) -> None:
         f"up to {w['max_new_tokens']} new tokens, {w['ppo_epochs']} PPO epochs x {w['minibatches']} minibatches, "
         f"{w['iterations']} iterations (means over iterations {realm['timed_iterations']}), model {w['model']}"
     )
+    print(f"value loss (ppo.value_clip={w['value_clip']['realm']}): {w['value_clip']['note']}")
     print("| phase (s / iteration) | realm | TRL PPO |")
     print("| --- | ---: | ---: |")
     for k in REALM_PHASES:
@@ -500,6 +525,7 @@ def main(argv: list[str] | None = None) -> None:
         "ppo_epochs": cfg.ppo.num_epochs,
         "minibatches": cfg.ppo.num_minibatches,
         "iterations": cfg.run.num_iterations,
+        "value_clip": trl_value_clip(cfg.ppo),
         "realm_overrides": overrides,
         "cpu_count": os.cpu_count(),
         "trl_torch_threads": trl_threads,

@@ -96,3 +96,34 @@ def test_script_runs_on_a_tiny_workload(tmp_path):
     assert [r["iteration"] for r in result["realm"]["iterations"]] == [1, 2]
     assert result["realm"]["tokens_per_s"] > 0 and result["trl"]["status"] == "skipped"
     assert out.with_suffix(".png").exists()
+
+
+@pytest.mark.parametrize(
+    "mode, cliprange, same", [("none", None, True), ("raw", 0.2, True), ("return_std", 0.2, False)]
+)
+def test_trl_gets_the_value_loss_realm_trains_with(mode, cliprange, same):
+    from trainer.config import PPOConfig, ValueClip
+
+    vc = ppo_iteration.trl_value_clip(PPOConfig(value_clip=ValueClip(mode), value_clip_eps=0.2))
+    assert (vc["realm"], vc["trl_cliprange_value"], vc["same_loss"]) == (mode, cliprange, same)
+    assert ("differs" in vc["note"]) == (not same)
+
+
+def test_an_infinite_trl_value_clip_range_is_realms_plain_regression():
+    """TRL's value loss, 1/2 max((V - R)^2, (clamp(V, V_old - c, V_old + c) - R)^2), with c = inf (what
+    bench/_trl_ppo.py passes for realm's default ppo.value_clip=none) equals realm's unclipped loss."""
+    import torch
+
+    from trainer.losses import value_loss
+
+    values = torch.tensor([[0.0, 1.5, -2.0], [3.0, 0.5, 0.0]])
+    old = torch.tensor([[0.1, 0.0, 0.0], [0.0, 0.4, 0.0]])
+    returns = torch.tensor([[1.0, 1.0, 1.0], [-1.0, 2.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    c = float("inf")
+    clipped = torch.clamp(values, old - c, old + c)
+    trl = 0.5 * (torch.max((values - returns) ** 2, (clipped - returns) ** 2) * mask).sum() / mask.sum()
+    realm, stats = value_loss(values, old, returns, mask, None)
+    # (1 + 0.25 + 9 + 16 + 2.25) / 5 / 2 = 2.85
+    assert float(trl) == pytest.approx(2.85) and float(realm) == pytest.approx(2.85)
+    assert float(stats.clip_frac) == 0.0
