@@ -63,7 +63,12 @@ class RMTrainConfig:
     stays near the majority baseline); learning to compute the next step at the same time is what makes
     a verifier possible (real PRMs start from a pretrained math LM for the same reason). Set 0 for a
     backbone that already knows the domain."""
-    num_steps: int = 1000
+    num_lm_warmup_steps: int = 600
+    """The first steps train only the auxiliary next-token loss (a short SFT of the backbone on the correct
+    solutions), so that the classifier starts from a model that can already compute the next step (what it
+    gained over joint training alone: README "Rewards")."""
+    num_steps: int = 1600
+    """All steps, the LM warm-up included."""
     batch_size: int = 64
     lr: float = 2e-3
     weight_decay: float = 0.01
@@ -87,6 +92,10 @@ class RMTrainConfig:
             raise ValueError(f"heldout_fraction={self.heldout_fraction}: must lie in (0, 1)")
         if self.num_steps < 1 or self.batch_size < 1:
             raise ValueError("num_steps and batch_size must be >= 1")
+        if not 0 <= self.num_lm_warmup_steps < self.num_steps:
+            raise ValueError(f"num_lm_warmup_steps={self.num_lm_warmup_steps}: must lie in [0, num_steps)")
+        if self.num_lm_warmup_steps and self.lm_loss_weight <= 0:
+            raise ValueError("num_lm_warmup_steps > 0 needs lm_loss_weight > 0 (the warm-up trains that loss)")
         if not self.output_dir and self.data != "synthetic":
             raise ValueError("output_dir is required when training on a file")
 

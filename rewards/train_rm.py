@@ -158,9 +158,12 @@ def _fit(
         del order[: cfg.batch_size]
         ids, mask, rows, cols, labels = (x.to(cfg.device) for x in collate(batch, pad_id))
         hidden = reader.hidden(ids, mask)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(reader.head(hidden[rows, cols]), labels)
-        if cfg.lm_loss_weight > 0:
-            loss = loss + cfg.lm_loss_weight * lm_loss(reader, hidden, ids, batch)
+        if step < cfg.num_lm_warmup_steps:
+            loss = lm_loss(reader, hidden, ids, batch)
+        else:
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(reader.head(hidden[rows, cols]), labels)
+            if cfg.lm_loss_weight > 0:
+                loss = loss + cfg.lm_loss_weight * lm_loss(reader, hidden, ids, batch)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()

@@ -109,6 +109,7 @@ def tiny_run(kind: RMKind, readout: Readout = Readout.auto) -> RMTrainConfig:
         kind=kind,
         readout=readout,
         num_steps=3,
+        num_lm_warmup_steps=1,  # one next-token-only step, then the classifier
         batch_size=8,
         num_warmup_steps=1,
         log_every=2,
@@ -249,6 +250,7 @@ def test_cli_trains_into_output_dir(tmp_path):
             "kind=orm",
             f"output_dir={out}",
             "num_steps=5",
+            "num_lm_warmup_steps=2",
             "synthetic.num_train_problems=20",
             "synthetic.num_heldout_problems=5",
             f"hydra.run.dir={tmp_path / 'hydra'}",
@@ -310,3 +312,11 @@ def test_cli_rejects_an_added_unknown_key_before_training(override, key, monkeyp
     with pytest.raises(SystemExit) as info:
         runpy.run_module("rewards.train_rm", run_name="__main__", alter_sys=True)
     assert str(info.value).startswith("config error: unknown config key") and key in str(info.value)
+
+
+@pytest.mark.parametrize("warmup, steps", [(5, 5), (-1, 5)])
+def test_lm_warmup_must_leave_classifier_steps(warmup, steps):
+    with pytest.raises(ValueError, match=f"num_lm_warmup_steps={warmup}"):
+        RMTrainConfig(num_steps=steps, num_lm_warmup_steps=warmup)
+    with pytest.raises(ValueError, match="lm_loss_weight"):
+        RMTrainConfig(num_steps=10, num_lm_warmup_steps=2, lm_loss_weight=0.0)
