@@ -202,36 +202,20 @@ class RayCluster:
         of plan node ``d // gpus_per_node``). Fails at once when the cluster has fewer devices than
         the plan needs, and after ``timeout_s`` if the group is still pending; never waits forever.
         """
-        from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        from ray.util.placement_group import placement_group_table
 
         devices = sorted(devices)
-        resource, available = self.device_resource()
-        if len(devices) > available:
-            raise PlacementError(
-                f"the execution plan needs {len(devices)} devices, the cluster has {available} "
-                f"(Ray resource {resource!r})"
-            )
-        pg = placement_group([{resource: 1.0}] * len(devices), strategy="PACK")
-        ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
-        if not ready:
-            remove_placement_group(pg)
-            raise PlacementError(
-                f"placement group of {len(devices)} devices still pending after {timeout_s:.0f} s "
-                f"(cluster resources: {ray.cluster_resources()})"
-            )
+        resource = self._check_capacity(len(devices))
+        pg = _reserve(resource, len(devices), timeout_s)
         bundle_nodes = placement_group_table(pg)["bundles_to_node_id"]
         env = _actor_env(self.host)
         # Half a device each: the device worker and, on generation devices, its vLLM engine.
         share = {"num_gpus": 0.5} if resource == "GPU" else {"resources": {resource: 0.5}}
         remote = ray.remote(num_cpus=0, **share)(_Host)
         hosts: list[Any] = [
-            remote.options(
-                name=f"device-bundle{i}-{os.getpid()}",
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=pg, placement_group_bundle_index=i
-                ),
-            ).remote(None, {}, env, num_threads)
+            remote.options(name=f"device-bundle{i}-{os.getpid()}", scheduling_strategy=_in_bundle(pg, i)).remote(
+                None, {}, env, num_threads
+            )
             for i in range(len(devices))
         ]
         where = ray.get([h.where.remote() for h in hosts])
@@ -244,12 +228,21 @@ class RayCluster:
             by_device,
             expected,
             {i: bundle_nodes.get(i) for i in range(len(devices))},
-            {d: i for d, i in assignment.items()},
+            dict(assignment),
             remote,
             env,
             num_threads,
             self.host,
         )
+
+    def _check_capacity(self, num_devices: int) -> str:
+        """The device resource's name, if the cluster has ``num_devices`` of it (else PlacementError)."""
+        resource, available = self.device_resource()
+        if num_devices > available:
+            raise PlacementError(
+                f"the execution plan needs {num_devices} devices, the cluster has {available} (Ray resource {resource!r})"
+            )
+        return resource
 
     def shutdown(self) -> None:
         ray.shutdown()
@@ -289,6 +282,29 @@ class SimulatedCluster:
     def __exit__(self, *exc: Any) -> None:
         ray.shutdown()
         self.cluster.shutdown()
+
+
+def _reserve(resource: str, num_devices: int, timeout_s: float) -> Any:
+    """A placement group of ``num_devices`` one-device bundles, ready within ``timeout_s`` (else
+    removed and reported: a run never waits forever)."""
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    pg = placement_group([{resource: 1.0}] * num_devices, strategy="PACK")
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(pg)
+        raise PlacementError(
+            f"placement group of {num_devices} devices still pending after {timeout_s:.0f} s "
+            f"(cluster resources: {ray.cluster_resources()})"
+        )
+    return pg
+
+
+def _in_bundle(pg: Any, index: int) -> Any:
+    """The scheduling strategy that puts an actor into bundle ``index`` of ``pg``."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)
 
 
 def _actor_env(host: str) -> dict[str, str]:
@@ -361,15 +377,11 @@ class DevicePool:
     def add_companions(self, name: str, devices: Sequence[int], cls: type, kwargs: dict[str, Any]) -> None:
         """Start ``cls(**kwargs)`` in its own actor in each device's bundle (same node, same device),
         all at once; each checks from inside that it sits where its device is."""
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
         actors = {}
         for device in devices:
-            strategy = PlacementGroupSchedulingStrategy(
-                placement_group=self.pg, placement_group_bundle_index=self._bundles[device]
-            )
             actors[device] = self._remote.options(
-                name=f"{name}-device{device}-{os.getpid()}", scheduling_strategy=strategy
+                name=f"{name}-device{device}-{os.getpid()}",
+                scheduling_strategy=_in_bundle(self.pg, self._bundles[device]),
             ).remote(cls, kwargs, self._env, self._num_threads)
         ray.get([actors[d].check_placement.remote(*self.locations[d]) for d in devices])
         self.companions.update({(name, d): actor for d, actor in actors.items()})

@@ -29,6 +29,15 @@ def tiny_model_dir():
     return resolve_model_dir(ModelConfig())
 
 
+@pytest.fixture(scope="session")
+def tiny_kv2_model_dir():
+    """The tiny model with 2 kv heads (training TP=2 shards by kv head; the default tiny has one)."""
+    from models.config import ModelConfig, TinyArchConfig
+    from models.registry import resolve_model_dir
+
+    return resolve_model_dir(ModelConfig(tiny=TinyArchConfig(num_kv_heads=2)))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -122,12 +122,15 @@ def execution_plan(cfg: TrainConfig, policy_dir: Path, reward_dir: Path | None, 
     checked against the cluster and the models and written to ``run_dir/plan.yaml``."""
     from reallocation.execution_plan import PlanError
     from trainer.plan_select import model_specs, resolve_plan
+    from trainer.runtime import UnsupportedPlan, check_supported
 
     critic_dir = policy_dir if cfg.critic.from_policy else None
     try:
         specs = model_specs(cfg, actor_dir=policy_dir, critic_dir=critic_dir, reward_dir=reward_dir)
-        return resolve_plan(cfg, specs, run_dir=run_dir, log=_log)
-    except PlanError as e:
+        plan = resolve_plan(cfg, specs, run_dir=run_dir, log=_log)
+        check_supported(plan, specs)
+        return plan
+    except (PlanError, UnsupportedPlan) as e:
         raise TrainingError(str(e)) from None
 
 

@@ -4,25 +4,33 @@ Deployment (``PlanRuntime.start``)::
 
     one placement group, one bundle per plan device         reallocation.ray_workers.DevicePool
     one DeviceWorker process per device, hosting every model shard the plan puts there:
-        "actor"      PolicyWorker, FSDP over actor_train's devices (also computes the old logprobs)
-        "critic"     CriticWorker, FSDP over critic_train's devices (also critic_inf when the plan
-                     gives critic_inf the same devices: FSDP forward = data-parallel inference)
-        "critic_inf" CriticWorker replica per critic_inf device, when critic_inf has devices of its own
-        "ref"        RefWorker replica per ref_inf device (data-parallel inference)
+        "actor"      PolicyWorker over actor_train's grid (also computes the old logprobs)
+        "critic"     CriticWorker over critic_train's grid (also critic_inf when the plan gives
+                     critic_inf the same devices and layout: sharded forward = inference)
+        "critic_inf" CriticWorker replicas over critic_inf's grid, when its devices or layout differ
+        "ref"        RefWorker replicas over ref_inf's grid
         "reward"     the reward function with its reward model, on rew_inf's first device
-    one vLLM engine per actor_gen device, a companion process in the same bundle (vLLM builds its
-    own torch.distributed world, so it cannot live inside the device worker's)
+    one vLLM engine (tp=1) per actor_gen device, a companion process in the same bundle (vLLM
+    builds its own torch.distributed world, so it cannot live inside the device worker's)
+
+A call's devices form a grid (``trainer.meshes``): dp rows of tp devices. A training model is
+TP-sharded within each row and FSDP-sharded across rows (``reallocation.parallelize``: ``apply_tp``
+then ``apply_fsdp`` on a 2-D ("dp", "tp") DeviceMesh made from process groups that every device
+worker created at start); an inference replica is one row, TP-sharded. Data follows the rows: the
+tp devices of a row see the same batch rows (``batch.update_rows`` cuts minibatches over dp ranks
+only) and the row's first device reports inference outputs.
 
 All device workers form one torch.distributed world (rank = index in the sorted device list) with
-one process group per device mesh the plan needs. Calls go to the devices of their mesh; a device
-worker runs one call at a time, in submission order, so calls on disjoint meshes run at the same
-time and calls on overlapping meshes queue. Reallocation (``reallocate``) moves a model between two
-of its layouts with ``reallocation.sync``'s planned resharding over the union of both meshes: each
-destination device receives exactly the bytes it does not hold (the lower bound). Each call reports
-its start and end per device (``Event``) for the metrics and the timeline picture.
+one process group per device set the plan needs (``mesh_groups``). Calls go to the devices of their
+mesh; a device worker runs one call at a time, in submission order, so calls on disjoint meshes run
+at the same time and calls on overlapping meshes queue. Reallocation (``reallocate``) moves a model
+between two of its layouts with ``reallocation.sync``'s planned resharding over the union of both
+meshes (from FSDP x TP training shards to full engine replicas, or to the inference replicas' own
+shards): each destination device receives exactly the bytes it does not hold (the lower bound).
+Each call reports its start and end per device (``Event``) for the metrics and the timeline picture.
 
-Supported layouts: dp only (FSDP for training, replicas for inference and generation); a plan with
-tp > 1 or pp > 1 is rejected at start naming the call.
+Supported layouts: training and inference dp x tp (tp must divide the kv heads); generation dp only
+(tp=1 vLLM replicas); pp = 1 everywhere. Other plans are rejected at start naming the call and field.
 """
 
 from __future__ import annotations
@@ -35,7 +43,9 @@ from typing import Any
 
 import torch
 
-from reallocation.execution_plan import CallAllocation, ExecutionPlan
+from reallocation.execution_plan import CALL_MODEL, CallAllocation, ExecutionPlan
+from reallocation.layout import ModelSpec
+from trainer.meshes import Grid, grid_groups, grid_of, leaders
 
 # Runtime steps that the plan does not name: old logprobs run on actor_train's devices.
 ACTOR_INF = "actor_inf"
@@ -55,32 +65,76 @@ class Event:
     end: float
 
 
-def check_supported(plan: ExecutionPlan) -> None:
-    """Reject layouts the runtime does not run yet, naming the call and field."""
+def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None = None) -> None:
+    """Reject layouts the runtime does not run, naming the call and field.
+
+    ``specs`` (model name -> shape, as ``ExecutionPlan.validate`` takes them): also check that
+    training and inference TP degrees divide the kv heads (``apply_tp`` shards k/v by head and
+    does not replicate them, as vLLM does when tp > num_kv_heads).
+    """
+    where = plan.origin or "plan"
     for name, alloc in plan.calls.items():
-        for knob in ("tp", "pp"):
-            if getattr(alloc, knob) != 1:
-                raise UnsupportedPlan(
-                    f"{plan.origin or 'plan'}: calls.{name}.{knob}={getattr(alloc, knob)}: the plan "
-                    "runtime runs dp layouts only (FSDP training, replicated inference/generation)"
-                )
+        if alloc.pp != 1:
+            raise UnsupportedPlan(
+                f"{where}: calls.{name}.pp={alloc.pp}: the plan runtime does not run pipeline stages (pp must be 1)"
+            )
+        if name == "actor_gen" and alloc.tp != 1:
+            raise UnsupportedPlan(
+                f"{where}: calls.actor_gen.tp={alloc.tp}: the plan runtime generates with tp=1 engines "
+                "(vLLM replicas); tensor-parallel generation is not wired"
+            )
+        spec = (specs or {}).get(CALL_MODEL[name]) or (specs or {}).get("actor")
+        if name in SHARDED_CALLS and spec is not None and spec.num_kv_heads % alloc.tp:
+            raise UnsupportedPlan(
+                f"{where}: calls.{name}.tp={alloc.tp} does not divide num_key_value_heads={spec.num_kv_heads}: "
+                "training and inference TP shard k/v by head (no kv-head replication)"
+            )
+
+
+# Calls whose model the runtime shards itself (FSDP x TP); rew_inf runs on its first device.
+SHARDED_CALLS = ("actor_train", "critic_train", "ref_inf", "critic_inf")
+
+
+def grid(alloc: CallAllocation) -> Grid:
+    """A call's devices as dp rows of tp devices (``trainer.meshes.grid_of``)."""
+    return grid_of(alloc.devices, alloc.tp)
+
+
+def model_grids(plan: ExecutionPlan) -> dict[str, list[Grid]]:
+    """Role -> the grids its model instances are sharded over: one grid per training model, one
+    single-row grid per inference replica (a replica is one TP group)."""
+    calls = plan.calls
+    grids: dict[str, list[Grid]] = {
+        "actor": [grid(calls["actor_train"])],
+        "critic": [grid(calls["critic_train"])],
+        "ref": [(row,) for row in grid(calls["ref_inf"])],
+    }
+    if critic_needs_realloc(plan):
+        grids["critic_inf"] = [(row,) for row in grid(calls["critic_inf"])]
+    return grids
+
+
+def grid_on(plan: ExecutionPlan, role: str, device: int) -> Grid:
+    """The grid of the ``role`` instance that ``device`` holds a shard of."""
+    return next(g for g in model_grids(plan)[role] if any(device in row for row in g))
 
 
 def mesh_groups(plan: ExecutionPlan) -> list[tuple[int, ...]]:
-    """Every device set that needs a process group, sorted: training meshes and reallocation unions."""
+    """Every device set that needs a process group, sorted: each model instance's grid groups
+    (whole grid; with TP its rows and columns) and the unions that reallocation runs over."""
     calls = plan.calls
-    groups = {
-        tuple(sorted(calls["actor_train"].devices)),
-        tuple(sorted(calls["critic_train"].devices)),
-        _union(calls["actor_train"], calls["actor_gen"]),
-    }
+    groups = {g for grids in model_grids(plan).values() for m in grids for g in grid_groups(m)}
+    groups.add(_union(calls["actor_train"], calls["actor_gen"]))
     if critic_needs_realloc(plan):
         groups.add(_union(calls["critic_train"], calls["critic_inf"]))
     return sorted(groups)
 
 
 def critic_needs_realloc(plan: ExecutionPlan) -> bool:
-    return sorted(plan.calls["critic_inf"].devices) != sorted(plan.calls["critic_train"].devices)
+    """Critic inference runs on replicas of its own unless the plan gives it critic training's
+    devices and layout (then it is FSDP/TP forward on the training shards)."""
+    inf, train = plan.calls["critic_inf"], plan.calls["critic_train"]
+    return (sorted(inf.devices), inf.dp, inf.tp) != (sorted(train.devices), train.dp, train.tp)
 
 
 def _union(a: CallAllocation, b: CallAllocation) -> tuple[int, ...]:
@@ -125,8 +179,10 @@ class RewardWorker:
 class DeviceWorker:
     """Everything one device holds (no Ray here: ``reallocation.ray_workers`` hosts it).
 
-    Joins the world of all device workers, creates the process group of every mesh in ``groups``
-    (all workers, same order: ``new_group`` is collective), then builds the workers of its roles.
+    Joins the world of all device workers, creates the process group of every device set in
+    ``groups`` (all workers, same order: ``new_group`` is collective), then builds the workers of
+    its roles; a role's grid (``trainer.meshes``) says how its model is sharded: FSDP over the
+    rows, TP within each row, its ``DeviceMesh`` made from the groups created here.
     """
 
     def __init__(
@@ -138,11 +194,9 @@ class DeviceWorker:
         backend: str,
         groups: Sequence[tuple[int, ...]],
         dtype: str,
-        builders: Mapping[str, tuple[type, dict, tuple[int, ...] | None]],
+        builders: Mapping[str, tuple[type, dict, Grid | None]],
     ):
         import torch.distributed as dist
-
-        from trainer.workers import Ranks
 
         self.device, self.devices = device, tuple(devices)
         self.rank_of = {d: i for i, d in enumerate(self.devices)}
@@ -158,9 +212,27 @@ class DeviceWorker:
         for role, (cls, kwargs, mesh) in builders.items():
             if mesh is None:  # not a sharded model (the reward function)
                 self.workers[role] = cls(**kwargs)
-                continue
-            group = self.groups[tuple(sorted(mesh))] if len(mesh) > 1 else None
-            self.workers[role] = cls(Ranks(group, dtype, backend), **kwargs)
+            else:
+                self.workers[role] = cls(self._ranks(mesh), **kwargs)
+
+    def _ranks(self, mesh: Grid) -> Any:
+        """This device's ``Ranks`` in a model sharded over ``mesh`` (dp rows x tp columns)."""
+        from trainer.meshes import column_of, global_grid, row_of
+        from trainer.workers import Ranks
+
+        devices = tuple(sorted(d for row in mesh for d in row))
+        if len(devices) == 1:
+            return Ranks(None, self.dtype, self.backend)
+        if len(mesh[0]) == 1:  # FSDP (or plain replicas) over the whole group
+            return Ranks(self.groups[devices], self.dtype, self.backend)
+        return Ranks(
+            self.groups[devices],
+            self.dtype,
+            self.backend,
+            dp_group=self.groups[column_of(mesh, self.device)],
+            tp_group=self.groups[row_of(mesh, self.device)],
+            grid=global_grid(mesh, self.rank_of),
+        )
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
         return getattr(self.workers[role], method)(*args, **kwargs)
@@ -168,8 +240,9 @@ class DeviceWorker:
     def reallocate(
         self, src_role: str, dst_role: str, src_devices: Sequence[int], dst_devices: Sequence[int], to_engine: bool
     ) -> tuple[Any, tuple[dict[str, int], float, float]]:
-        """Move ``src_role``'s training shards to full replicas on ``dst_devices`` (collective over
-        the union of both meshes). A destination keeps what it already holds and receives the rest.
+        """Move ``src_role``'s training shards to the replicas on ``dst_devices`` (collective over the
+        union of both meshes): full models for the engines, the ``dst_role`` workers' own (FSDP/TP)
+        shards otherwise. A destination keeps what it already holds and receives the rest.
 
         Returns (weights for the engine or None, ({bytes_received, bytes_sent, lower_bound}, start, end)).
         With ``to_engine`` a destination returns its (HF name, tensor) pairs for the vLLM engine beside
@@ -178,13 +251,17 @@ class DeviceWorker:
         from reallocation.layout import full_box
         from reallocation.plan import lower_bound_bytes
         from reallocation.reshard import ReshardStats
-        from reallocation.sync import clean_name, iter_plan_weights, plan_sync, source_shards
+        from reallocation.sync import drain, iter_plan_weights, plan_sync, source_shards
 
         start = time.time()
         group = self.groups[tuple(sorted(set(src_devices) | set(dst_devices)))]
         src_worker = self.workers.get(src_role) if self.device in src_devices else None
         src = source_shards(src_worker.model if src_worker is not None else {}, group)
-        dst = {name: {self.rank_of[d]: full_box(shape) for d in dst_devices} for name, shape in src.shapes.items()}
+        dst_model = self.workers[dst_role].model if not to_engine and self.device in dst_devices else None
+        if to_engine:  # a tp=1 engine holds the full model
+            dst = {name: {self.rank_of[d]: full_box(shape) for d in dst_devices} for name, shape in src.shapes.items()}
+        else:  # whatever the destination replicas' own (FSDP/TP) shards are
+            dst = source_shards(dst_model if dst_model is not None else {}, group).holdings
         plan = plan_sync(src, dst)
         # The engine computes in the run's dtype; a critic replica keeps the exact training weights.
         wire = {n: (self.workers_dtype() if to_engine else src.dtypes[n]) for n in src.shapes}
@@ -192,15 +269,11 @@ class DeviceWorker:
         pairs = iter_plan_weights(plan, src.tensors, dtype=wire, group=group, stats=stats)
         weights = None
         if self.device not in dst_devices:
-            for _ in pairs:
-                pass
-        elif to_engine:
+            drain(pairs)
+        elif dst_model is None:  # to the engine beside this device
             weights = [(name, tensor.cpu()) for name, tensor in pairs]
         else:
-            params = {clean_name(n): p for n, p in self.workers[dst_role].model.named_parameters()}
-            with torch.no_grad():
-                for name, tensor in pairs:
-                    params[name].copy_(tensor)
+            _copy_into(dst_model, pairs)
         itemsizes = {n: wire[n].itemsize for n in wire}
         counts = {
             "bytes_received": stats.bytes_received,
@@ -216,6 +289,73 @@ class DeviceWorker:
 
     def ready(self) -> dict[str, Any]:
         return {"device": self.device, "roles": sorted(self.workers), "pid": os.getpid()}
+
+
+def _copy_into(model: torch.nn.Module, pairs: Any) -> None:
+    """Copy received (HF name, tensor) pairs into ``model``'s local shards (a DTensor's local
+    tensor, or the plain parameter)."""
+    from reallocation.sync import clean_name
+
+    params = {clean_name(n): p for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for name, tensor in pairs:
+            param = params[name]
+            (param.to_local() if hasattr(param, "to_local") else param).copy_(tensor)
+
+
+def _recipes(
+    plan: ExecutionPlan, common: dict[str, Any], train: dict[str, Any], dirs: dict[str, Any], reward: dict[str, Any]
+) -> dict[str, tuple[type, dict[str, Any]]]:
+    """Role -> (worker class, constructor kwargs); ``DeviceWorker`` adds the ranks of its grid."""
+    from trainer.workers import CriticWorker, PolicyWorker, RefWorker
+
+    calls, train = plan.calls, {**train, **common}
+    return {
+        "actor": (
+            PolicyWorker,
+            dict(
+                model_dir=dirs["policy_dir"],
+                temperature=dirs["temperature"],
+                activation_checkpointing=calls["actor_train"].activation_checkpointing,
+                **train,
+            ),
+        ),
+        "critic": (
+            CriticWorker,
+            dict(
+                model_dir=dirs["critic_dir"],
+                activation_checkpointing=calls["critic_train"].activation_checkpointing,
+                **train,
+            ),
+        ),
+        "critic_inf": (CriticWorker, dict(model_dir=dirs["critic_dir"], **train)),
+        "ref": (
+            RefWorker,
+            dict(
+                model_dir=dirs["policy_dir"],
+                temperature=dirs["temperature"],
+                offload=calls["ref_inf"].offload,
+                **common,
+            ),
+        ),
+        "reward": (RewardWorker, reward),
+    }
+
+
+def _start_engines(pool: Any, plan: ExecutionPlan, backend: str, engine_kwargs: dict[str, Any]) -> bool:
+    """One vLLM engine beside each generation device; returns whether they sleep between calls
+    (GPU only: on GPUs that other calls use, vLLM gives its memory back to training)."""
+    from models.vllm_engine import VLLMEngine
+
+    gen = set(plan.calls["actor_gen"].devices)
+    if backend != "nccl":  # CPU: the engines share the 1 GiB KV cache one engine would have had
+        engine_kwargs = {**engine_kwargs, "kv_cache_gib": max(0.25, 1.0 / len(gen))}
+    others = {d for c, a in plan.calls.items() if c != "actor_gen" for d in a.devices}
+    sleeps = backend == "nccl" and bool(gen & others)
+    pool.add_companions(
+        "engine", sorted(gen), VLLMEngine, {**engine_kwargs, "enable_sleep_mode": True} if sleeps else engine_kwargs
+    )
+    return sleeps
 
 
 class PlanRuntime:
@@ -250,51 +390,24 @@ class PlanRuntime:
     ) -> PlanRuntime:
         """Place one DeviceWorker per plan device (one placement group), build every model shard,
         start the vLLM engines beside the generation devices and the reward function."""
-        from models.vllm_engine import VLLMEngine
-        from trainer.workers import CriticWorker, PolicyWorker, RefWorker
-
         check_supported(plan)
-        calls = plan.calls
-        devices = sorted({d for a in calls.values() for d in a.devices})
+        devices = sorted({d for a in plan.calls.values() for d in a.devices})
         pool = cluster.device_pool(devices, plan.gpus_per_node)
-        common = dict(dtype=dtype, seed=seed)
-        train_kw = dict(ppo=ppo, num_iterations=num_iterations, **common)
         reward_kwargs = dict(reward_cfg=reward_cfg, tokenizer_dir=policy_dir)
-        recipes: dict[str, tuple[type, dict, tuple[int, ...] | None]] = {
-            "actor": (
-                PolicyWorker,
-                dict(
-                    model_dir=policy_dir,
-                    temperature=temperature,
-                    **train_kw,
-                    activation_checkpointing=calls["actor_train"].activation_checkpointing,
-                ),
-                calls["actor_train"].devices,
-            ),
-            "critic": (
-                CriticWorker,
-                dict(
-                    model_dir=critic_dir,
-                    **train_kw,
-                    activation_checkpointing=calls["critic_train"].activation_checkpointing,
-                ),
-                calls["critic_train"].devices,
-            ),
-            "critic_inf": (CriticWorker, dict(model_dir=critic_dir, **train_kw), ()),
-            "ref": (
-                RefWorker,
-                dict(model_dir=policy_dir, temperature=temperature, offload=calls["ref_inf"].offload, **common),
-                (),
-            ),
-            "reward": (RewardWorker, {**reward_kwargs, "device": "cuda" if backend == "nccl" else "cpu"}, None),
-        }
+        recipes = _recipes(
+            plan,
+            dict(dtype=dtype, seed=seed),
+            dict(ppo=ppo, num_iterations=num_iterations),
+            dict(policy_dir=policy_dir, critic_dir=critic_dir, temperature=temperature),
+            {**reward_kwargs, "device": "cuda" if backend == "nccl" else "cpu"},
+        )
         port, groups = pool.free_port(), mesh_groups(plan)
 
         def kwargs_of(device: int) -> dict[str, Any]:
             builders = {}
             for role in roles_on(plan, device):
-                worker_cls, kwargs, mesh = recipes[role]
-                builders[role] = (worker_cls, kwargs, (device,) if mesh == () else mesh)
+                worker_cls, kwargs = recipes[role]
+                builders[role] = (worker_cls, kwargs, None if role == "reward" else grid_on(plan, role, device))
             return dict(
                 device=device,
                 devices=devices,
@@ -307,16 +420,9 @@ class PlanRuntime:
             )
 
         pool.build(DeviceWorker, kwargs_of)
-        gen = set(calls["actor_gen"].devices)
-        if backend != "nccl":  # CPU: the engines share the 1 GiB KV cache one engine would have had
-            engine_kwargs = {**engine_kwargs, "kv_cache_gib": max(0.25, 1.0 / len(gen))}
-        # On GPUs that training also uses, vLLM frees its memory between generations (sleep mode).
-        sleeps = backend == "nccl" and any(gen & set(a.devices) for c, a in calls.items() if c != "actor_gen")
-        pool.add_companions(
-            "engine", sorted(gen), VLLMEngine, {**engine_kwargs, "enable_sleep_mode": True} if sleeps else engine_kwargs
-        )
-        if "rew_inf" in calls:
-            reward: tuple[str, Any] = ("device", calls["rew_inf"].devices[0])
+        sleeps = _start_engines(pool, plan, backend, engine_kwargs)
+        if "rew_inf" in plan.calls:
+            reward: tuple[str, Any] = ("device", plan.calls["rew_inf"].devices[0])
         else:  # the grader alone: no model, no device
             reward = ("actor", cluster.group(RewardWorker, 1, reward_kwargs, name="reward", distributed=False))
         runtime = cls(plan, pool, reward, ppo, seed)
@@ -358,24 +464,25 @@ class PlanRuntime:
             merged[i::num] = out
         return merged
 
-    def submit_reward(self, samples: list[Any]) -> tuple[str, list[int], list[Any]]:
+    def submit_reward(self, samples: list[Any]) -> tuple[str, list[int], list[Any], list[int]]:
         """rew_inf on its device, or the grader-only reward actor (device -1: it holds no device)."""
         if self._reward_where == "device":
-            return "rew_inf", [self._reward], [self.pool.submit(self._reward, "call", "reward", "score", samples)]
-        return "reward", [-1], self._reward.submit_timed("score", samples)
+            future = self.pool.submit(self._reward, "call", "reward", "score", samples)
+            return "rew_inf", [self._reward], [future], [self._reward]
+        return "reward", [-1], self._reward.submit_timed("score", samples), [-1]
 
     def _data_parallel(self, call: str, role: str, method: str, alloc: CallAllocation, batch: Mapping[str, Any]):
-        """Submit ``method`` on each device of ``alloc`` with its row slice of ``batch``."""
-        devices = list(alloc.devices)
-        parts = _row_slices(batch, len(devices))
-        return (
-            call,
-            devices,
-            [
-                self.pool.submit(d, "call", role, method, part, alloc.num_microbatches)
-                for d, part in zip(devices, parts)
-            ],
-        )
+        """Submit ``method`` on each device of ``alloc`` with its replica's row slice of ``batch``
+        (the tp devices of a replica get the same slice); the replicas' first devices report."""
+        rows = grid(alloc)
+        parts = _row_slices(batch, len(rows))
+        devices = [d for row in rows for d in row]
+        futures = [
+            self.pool.submit(d, "call", role, method, part, alloc.num_microbatches)
+            for row, part in zip(rows, parts)
+            for d in row
+        ]
+        return call, devices, futures, leaders(rows)
 
     def infer(self, batch: Mapping[str, torch.Tensor], samples: list[Any]) -> dict[str, Any]:
         """Reward, old logprobs (actor_train's devices), reference logprobs and values, all submitted
@@ -389,9 +496,9 @@ class PlanRuntime:
             "values": self._data_parallel("critic_inf", critic_role, "compute_values", calls["critic_inf"], batch),
         }
         out: dict[str, Any] = {}
-        for key, (call, devices, futures) in pending.items():
-            parts = self._gather(call, devices, futures)
-            out[key] = parts[0] if key == "reward" else torch.cat(parts, dim=0)
+        for key, (call, devices, futures, keep) in pending.items():
+            parts = dict(zip(devices, self._gather(call, devices, futures)))
+            out[key] = parts[keep[0]] if key == "reward" else torch.cat([parts[d] for d in keep], dim=0)
         return out
 
     def update(self, batch: Mapping[str, torch.Tensor], iteration: int) -> tuple[dict, dict, dict[str, float]]:
@@ -416,24 +523,23 @@ class PlanRuntime:
     ):
         from trainer.batch import num_rows, select, update_rows, update_seed
 
-        devices = list(alloc.devices)
-        rows, sizes = update_rows(
+        rows = grid(alloc)
+        shares, sizes = update_rows(
             num_rows(batch),
             self.ppo.num_epochs,
             self.ppo.num_minibatches,
-            len(devices),
+            len(rows),  # data-parallel ranks: the tp devices of a row train on the same shares
             update_seed(self.seed, iteration),
         )
         # Every rank runs the same number of micro-batches (FSDP's collectives pair up), at most one per row.
         num_micro = min([alloc.num_microbatches] + [n for s in sizes for n in s])
-        return (
-            call,
-            devices,
-            [
-                self.pool.submit(d, "call", role, "update", select(batch, r), s, num_micro)
-                for d, r, s in zip(devices, rows, sizes)
-            ],
-        )
+        devices = [d for row in rows for d in row]
+        futures = [
+            self.pool.submit(d, "call", role, "update", select(batch, shares[i]), sizes[i], num_micro)
+            for i, row in enumerate(rows)
+            for d in row
+        ]
+        return call, devices, futures
 
     def _submit_realloc(self, role: str, src: CallAllocation, dst: CallAllocation, *, to_engine: bool):
         """Start ``role``'s reallocation from ``src``'s layout to replicas on ``dst``'s devices; with

@@ -10,9 +10,10 @@ Data parallelism (see ``trainer/batch.py``): the caller splits every global batc
 one per rank (for updates, in ``batch.update_rows`` order), and calls the same method on all
 ranks; outputs come back per slice. Losses
 are token means over the *global* minibatch (the token count is all-reduced), and FSDP averages
-gradients over ranks, so each rank backpropagates ``world_size * its share``: N ranks take
+gradients over ranks, so each rank backpropagates ``num_dp * its share``: N ranks take
 exactly the step one rank would take on the whole minibatch. Stats are all-reduced the same way,
-so every rank returns the global numbers.
+so every rank returns the global numbers. With tensor parallelism (``Ranks(tp_group=...)``) only
+the dp ranks split the rows; the tp ranks of one replica compute on the same rows.
 
 Precision: parameters and optimizer state are float32; ``dtype`` is the compute dtype (FSDP2
 mixed precision with N ranks, autocast with one). Dropout is off everywhere (``model.eval()``):
@@ -24,7 +25,7 @@ from __future__ import annotations
 import contextlib
 import random
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -50,17 +51,39 @@ class Ranks:
     means one unsharded rank in this process. ``Ranks.join`` starts a process group of its own (a
     standalone multi-rank worker, as in the tests); the plan runtime (``trainer/runtime.py``) builds
     one process group per device mesh over all its device workers and passes ``Ranks(group=...)``.
+
+    Tensor parallelism: with ``tp_group`` the ranks form a 2-D mesh ``grid`` (dp rows x tp columns
+    of global ranks, row-major like ``Layout``); this rank's row is its ``tp_group`` (one model
+    replica, TP-sharded), its column its ``dp_group`` (FSDP). Data is split over dp only: the tp
+    ranks of one row see the same rows, so data reductions (token counts, stats) run over
+    ``dp_group`` and the loss is scaled by ``num_dp``, the ranks FSDP averages over.
     """
 
-    def __init__(self, group=None, dtype: str = "float32", backend: str = "gloo"):
+    def __init__(
+        self,
+        group=None,
+        dtype: str = "float32",
+        backend: str = "gloo",
+        *,
+        dp_group=None,
+        tp_group=None,
+        grid: Sequence[Sequence[int]] | None = None,
+    ):
         if dtype not in _DTYPES:
             raise ValueError(f"dtype={dtype!r}: expected one of {sorted(_DTYPES)}")
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend={backend!r}: expected gloo or nccl")
+        if (tp_group is None) != (grid is None) or (tp_group is None) != (dp_group is None):
+            raise ValueError("tensor parallel ranks need dp_group, tp_group and grid together")
         self.group = group
         self.rank = dist.get_rank(group) if group is not None else 0
         self.world_size = dist.get_world_size(group) if group is not None else 1
         self.global_ranks: tuple[int, ...] = tuple(dist.get_process_group_ranks(group)) if group is not None else (0,)
+        self.dp_group = dp_group if tp_group is not None else group
+        self.tp_group = tp_group
+        self.grid = [list(row) for row in grid] if grid is not None else None
+        self.tp_size = len(self.grid[0]) if self.grid is not None else 1
+        self.num_dp = self.world_size // self.tp_size
         self.dtype_name = dtype
         self.compute_dtype = _DTYPES[dtype]
         if backend == "nccl":
@@ -69,6 +92,17 @@ class Ranks:
             torch.cuda.set_device(self.device)
         else:
             self.device = torch.device("cpu")
+
+    def mesh(self):
+        """The DeviceMesh the model is sharded over: ("dp",) over the group, or ("dp", "tp") over
+        the grid. Built from the existing groups, so no rank outside the mesh takes part."""
+        from torch.distributed.device_mesh import DeviceMesh
+
+        if self.tp_group is None:
+            return DeviceMesh.from_group(self.group, self.device.type, mesh_dim_names=("dp",))
+        return DeviceMesh.from_group(
+            [self.dp_group, self.tp_group], self.device.type, mesh=self.grid, mesh_dim_names=("dp", "tp")
+        )
 
     @classmethod
     def of(cls, ranks: Ranks | None, dtype: str) -> Ranks:
@@ -105,9 +139,10 @@ class Ranks:
         return self.global_ranks[0]
 
     def all_reduce_sum(self, x: Tensor) -> Tensor:
-        if self.sharded:
+        """Sum over the data-parallel ranks (tp ranks of one replica hold the same value)."""
+        if self.num_dp > 1:
             x = x.to(self.device)
-            dist.all_reduce(x, group=self.group)
+            dist.all_reduce(x, group=self.dp_group)
         return x
 
     def barrier(self) -> None:
@@ -115,8 +150,8 @@ class Ranks:
             dist.barrier(group=self.group)
 
     def autocast(self):
-        """Mixed precision for the unsharded case (FSDP2's MixedPrecisionPolicy does it when sharded)."""
-        enabled = not self.sharded and self.compute_dtype != torch.float32
+        """Mixed precision without FSDP (one replica); FSDP2's MixedPrecisionPolicy does it otherwise."""
+        enabled = self.num_dp == 1 and self.compute_dtype != torch.float32
         return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=enabled)
 
 
@@ -141,14 +176,22 @@ def _load_model(model_cls, model_dir: str, ranks: Ranks, **kwargs) -> tuple[nn.M
 
 
 def _shard(model: nn.Module, ranks: Ranks) -> nn.Module:
+    """TP within each replica (``ranks.tp_size > 1``), then FSDP2 across replicas (``num_dp > 1``).
+
+    A single replica stays without FSDP: its parameters are then the TP shards themselves, which
+    reallocation writes into, and ``Ranks.autocast`` gives it the compute dtype.
+    """
     if not ranks.sharded:
         return model
-    from torch.distributed.device_mesh import DeviceMesh
-
-    from reallocation.parallelize import apply_fsdp
+    from reallocation.parallelize import apply_fsdp, apply_tp
 
     # The mesh is the model's own group (the plan runtime's devices of this call), not the world.
-    mesh = DeviceMesh.from_group(ranks.group, ranks.device.type, mesh_dim_names=("dp",))
+    mesh = ranks.mesh()
+    if ranks.tp_group is not None:
+        apply_tp(model, mesh["tp"])
+        mesh = mesh["dp"]
+    if ranks.num_dp == 1:
+        return model
     param_dtype = None if ranks.compute_dtype == torch.float32 else ranks.compute_dtype
     return apply_fsdp(model, mesh, param_dtype=param_dtype, reduce_dtype=torch.float32)
 
@@ -215,11 +258,29 @@ def _checkpoint_activations(model: nn.Module) -> None:
 
 
 def _global_grad_norm_clip(model: nn.Module, max_norm: float) -> Tensor:
-    """Clip the (possibly sharded) gradients to ``max_norm``; returns the pre-clip global norm."""
-    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    if hasattr(norm, "full_tensor"):  # DTensor: the norm over all shards
-        norm = norm.full_tensor()
-    return norm
+    """Clip the (possibly sharded) gradients to ``max_norm``; returns the pre-clip global norm.
+
+    With TP under FSDP the gradients live on two meshes (TP-sharded weights on ("dp", "tp"),
+    replicated norms and heads on "dp" alone), which one ``clip_grad_norm_`` cannot combine: the
+    squared norm of each mesh's gradients is reduced over that mesh, and the sum is the global one.
+    """
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    by_mesh: dict[Any, list[Tensor]] = {}
+    for grad in grads:
+        by_mesh.setdefault(getattr(grad, "device_mesh", None), []).append(grad)
+    if len(by_mesh) <= 1:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    squares = []
+    for mesh_grads in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm(mesh_grads, 2.0)
+        squares.append((norm.full_tensor() if hasattr(norm, "full_tensor") else norm) ** 2)
+    total = torch.stack(squares).sum().sqrt()
+    # clip_grad_norm_'s coefficient, applied per mesh (a plain tensor cannot scale DTensors in one foreach).
+    coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
+    for mesh_grads in by_mesh.values():
+        torch._foreach_mul_(mesh_grads, coef)
+    return total
 
 
 @contextlib.contextmanager
@@ -258,8 +319,8 @@ class _Trainer:
         share of the global-minibatch token mean (the stats too); the shares sum to the global value.
         """
         if part_sizes is None:
-            if self.ranks.sharded:
-                raise ValueError("a sharded update needs the caller's row order (batch.update_rows)")
+            if self.ranks.num_dp > 1:
+                raise ValueError("a data-parallel update needs the caller's row order (batch.update_rows)")
             rows, sizes = B.update_rows(
                 B.num_rows(batch),
                 self.ppo.num_epochs,
@@ -282,8 +343,8 @@ class _Trainer:
                 micro = {k: v[int(micro_rows[0]) : int(micro_rows[-1]) + 1] for k, v in minibatch.items()}
                 with self.ranks.autocast():
                     loss, stats = loss_fn(micro, num_tokens)
-                # FSDP averages gradients over ranks; our loss is this rank's share of a sum.
-                (loss * self.ranks.world_size).backward()
+                # FSDP averages gradients over dp ranks; our loss is this rank's share of a sum.
+                (loss * self.ranks.num_dp).backward()
                 for name, value in {"loss": loss.detach(), **stats}.items():
                     sums[name] = sums.get(name, 0.0) + value.detach().float()
             grad_norm = _global_grad_norm_clip(self.model, self.ppo.max_grad_norm)
@@ -442,7 +503,7 @@ class PolicyWorker:
         with self.ranks.autocast():
             logprobs_BT = logprobs_from_logits(response_logits(self.model, batch), B.response_tokens(batch))
             loss = -masked_sum(logprobs_BT, mask_BT) / num_tokens.clamp(min=1)
-        (loss * self.ranks.world_size).backward()
+        (loss * self.ranks.num_dp).backward()
         _global_grad_norm_clip(self.model, self.ppo.max_grad_norm)
         self._sft_optimizer.step()
         self._sft_scheduler.step()

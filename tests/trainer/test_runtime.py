@@ -7,12 +7,15 @@ import pytest
 import torch
 
 from reallocation.execution_plan import CallAllocation, ExecutionPlan
+from reallocation.layout import ModelSpec
+from trainer.meshes import column_of, dp_index, grid_groups, grid_of, leaders
 from trainer.runtime import (
     Event,
     UnsupportedPlan,
     _row_slices,
     check_supported,
     critic_needs_realloc,
+    grid_on,
     mesh_groups,
     roles_on,
 )
@@ -64,15 +67,59 @@ def test_colocated_plan_runs_critic_inference_on_the_training_shards():
 
 
 def test_unsupported_layouts_fail_naming_the_call():
-    plan = _plan(
-        actor_gen=CallAllocation((0, 1), tp=2),
-        actor_train=CallAllocation((0,)),
-        critic_train=CallAllocation((0,)),
-        critic_inf=CallAllocation((0,)),
-        ref_inf=CallAllocation((0,)),
-    )
-    with pytest.raises(UnsupportedPlan, match=r"calls.actor_gen.tp=2: the plan runtime runs dp layouts only"):
-        check_supported(plan)
+    one = CallAllocation((0,))
+    calls = dict(actor_train=one, critic_train=one, critic_inf=one, ref_inf=one)
+    with pytest.raises(UnsupportedPlan, match=r"calls.actor_gen.tp=2: the plan runtime generates with tp=1 engines"):
+        check_supported(_plan(actor_gen=CallAllocation((0, 1), tp=2), **calls))
+    with pytest.raises(UnsupportedPlan, match=r"calls.ref_inf.pp=2: the plan runtime does not run pipeline stages"):
+        check_supported(_plan(actor_gen=one, **{**calls, "ref_inf": CallAllocation((0, 1), pp=2)}))
+    tp2 = _plan(actor_gen=one, **{**calls, "critic_train": CallAllocation((0, 1), tp=2)})
+    check_supported(tp2)  # training TP runs
+    spec = ModelSpec(2, 128, 384, num_heads=2, num_kv_heads=1, head_dim=64, vocab_size=400, tie_word_embeddings=True)
+    with pytest.raises(UnsupportedPlan, match=r"calls.critic_train.tp=2 does not divide num_key_value_heads=1"):
+        check_supported(tp2, {"actor": spec, "critic": spec})
+
+
+TENSOR_PARALLEL = _plan(
+    actor_gen=CallAllocation((0, 1), dp=2),
+    actor_train=CallAllocation((3, 2, 1, 0), dp=2, tp=2),
+    critic_train=CallAllocation((4, 5, 6, 7), dp=2, tp=2),
+    critic_inf=CallAllocation((4, 5, 6, 7), dp=4),
+    ref_inf=CallAllocation((6, 7), tp=2),
+)
+
+
+def test_grids_and_groups_of_a_tensor_parallel_plan():
+    plan = TENSOR_PARALLEL
+    # Rows are replicas (TP groups), columns FSDP groups; devices sorted whatever the plan's order.
+    assert grid_on(plan, "actor", 2) == ((0, 1), (2, 3))
+    assert (dp_index(((0, 1), (2, 3)), 3), column_of(((0, 1), (2, 3)), 3)) == (1, (1, 3))
+    assert grid_on(plan, "ref", 7) == ((6, 7),)
+    # Same devices as critic training but another layout: critic inference gets replicas of its own.
+    assert critic_needs_realloc(plan) and roles_on(plan, 6) == ["critic", "critic_inf", "ref"]
+    assert grid_on(plan, "critic_inf", 5) == ((5,),)
+    assert mesh_groups(plan) == [
+        (0, 1),  # actor replica 0 (TP)
+        (0, 1, 2, 3),  # actor_train; also the actor's reallocation union with actor_gen
+        (0, 2),  # actor FSDP column 0
+        (1, 3),
+        (2, 3),
+        (4, 5),
+        (4, 5, 6, 7),  # critic_train and its union with critic_inf
+        (4, 6),
+        (5, 7),
+        (6,),  # the ref replica's FSDP column of one (a 2-D mesh needs a group per dim)
+        (6, 7),
+        (7,),
+    ]
+
+
+def test_grid_groups_of_plain_data_parallel_need_no_rows_or_columns():
+    assert grid_groups(grid_of((3, 1, 2, 0), tp=1)) == [(0, 1, 2, 3)]
+    assert grid_groups(((5,),)) == []
+    assert leaders(grid_of(range(6), tp=3)) == [0, 3]
+    with pytest.raises(ValueError, match="3 devices cannot form rows of tp=2"):
+        grid_of((0, 1, 2), tp=2)
 
 
 def test_row_slices_cover_the_batch_in_order():
@@ -105,7 +152,7 @@ def _reallocate(device: int, port: int, model_dir: str, out_dir: str) -> None:
     from trainer.workers import PolicyWorker
 
     torch.set_num_threads(1)
-    builders = {"actor": (PolicyWorker, {"model_dir": model_dir}, (0, 1))} if device < 2 else {}
+    builders = {"actor": (PolicyWorker, {"model_dir": model_dir}, ((0,), (1,)))} if device < 2 else {}
     worker = DeviceWorker(device, (0, 1, 2), "127.0.0.1", port, "gloo", [(0, 1), (0, 1, 2)], "float32", builders)
     weights, (counts, start, end) = worker.reallocate("actor", "engine", (0, 1), (1, 2), True)
     torch.save({"weights": weights, "counts": counts}, f"{out_dir}/device{device}.pt")
@@ -131,3 +178,61 @@ def test_reallocation_sends_each_replica_only_what_it_lacks(tiny_model_dir, tmp_
     # Device 2 lacks everything; device 1 lacks what device 0 holds (FSDP: about half of each tensor).
     assert received[0] == 0 and received[2] == total and 0 < received[1] < total
     assert sum(received) == out[0]["counts"]["lower_bound"]
+
+
+def _reallocate_tp(device: int, port: int, model_dir: str, out_dir: str) -> None:
+    """One device worker of a 4-device world: actor and critic trained as 2 FSDP x 2 TP; the
+    actor goes to engines on devices 1 and 2, the critic to one TP-2 inference replica on 2, 3."""
+    from trainer.meshes import grid_groups
+    from trainer.runtime import DeviceWorker
+    from trainer.workers import CriticWorker, PolicyWorker, _full_state_dict
+
+    torch.set_num_threads(1)
+    train, replica = ((0, 1), (2, 3)), ((2, 3),)
+    builders = {
+        "actor": (PolicyWorker, {"model_dir": model_dir}, train),
+        "critic": (CriticWorker, {"model_dir": model_dir}, train),
+    }
+    if device >= 2:
+        builders["critic_inf"] = (CriticWorker, {"model_dir": model_dir}, replica)
+    groups = sorted(set(grid_groups(train)) | set(grid_groups(replica)))
+    worker = DeviceWorker(device, (0, 1, 2, 3), "127.0.0.1", port, "gloo", groups, "float32", builders)
+    with torch.no_grad():  # the training weights move away from what the replica loaded
+        for param in worker.workers["critic"].model.parameters():
+            param.to_local().add_(1.0)
+    weights, (actor_counts, _, _) = worker.reallocate("actor", "engine", (0, 1, 2, 3), (1, 2), True)
+    _, (critic_counts, _, _) = worker.reallocate("critic", "critic_inf", (0, 1, 2, 3), (2, 3), False)
+    out = {"weights": weights, "actor": actor_counts, "critic": critic_counts}
+    if device >= 2:
+        out["critic_inf"] = _full_state_dict(worker.workers["critic_inf"].model, worker.workers["critic_inf"].ranks)
+    torch.save(out, f"{out_dir}/device{device}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_reallocation_from_tensor_parallel_training_moves_the_lower_bound(tiny_kv2_model_dir, tmp_path):
+    import torch.multiprocessing as mp
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from tests.conftest import free_port
+
+    model_dir = str(tiny_kv2_model_dir)
+    mp.spawn(_reallocate_tp, args=(free_port(), model_dir, str(tmp_path)), nprocs=4, join=True)
+    out = [torch.load(tmp_path / f"device{d}.pt") for d in range(4)]
+    actor = dict(AutoModelForCausalLM.from_pretrained(model_dir).named_parameters())
+    for device in (1, 2):  # each engine gets the whole actor, bit for bit
+        got = dict(out[device]["weights"])
+        assert got.keys() == actor.keys() and all(torch.equal(got[n], p.detach()) for n, p in actor.items())
+    config = AutoConfig.from_pretrained(model_dir, num_labels=1)
+    critic = dict(AutoModelForTokenClassification.from_pretrained(model_dir, config=config).named_parameters())
+    got = out[2]["critic_inf"]  # the replica's TP shards, gathered: the training weights + 1
+    assert got.keys() == critic.keys()
+    for name, param in critic.items():  # the value head starts at zero, the backbone as loaded
+        want = torch.ones_like(param) if name.startswith("score.") else param.detach() + 1.0
+        assert torch.equal(got[name], want), name
+    for model in ("actor", "critic"):
+        received = sum(o[model]["bytes_received"] for o in out)
+        assert received == out[0][model]["lower_bound"] > 0, model
+    # Engines on devices 1 and 2 hold part of the actor already; 0 and 3 are sources only.
+    total = sum(p.numel() * 4 for p in actor.values())
+    assert [o["actor"]["bytes_received"] == 0 for o in out] == [True, False, False, True]
+    assert all(0 < out[d]["actor"]["bytes_received"] < total for d in (1, 2))

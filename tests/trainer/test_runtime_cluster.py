@@ -108,6 +108,20 @@ def _train(address: str, run_dir: Path, *overrides: str) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
+# What placement must not change (the metrics of each iteration).
+COMPARED = [
+    "reward/success",
+    "response/length",
+    "kl/mean",
+    "actor/loss",
+    "actor/clip_frac",
+    "actor/grad_norm",
+    "critic/loss",
+    "critic/grad_norm",
+    "advantages/mean",
+    "returns/mean",
+]
+
 DISJOINT_INFERENCE = """\
 num_nodes: 2
 gpus_per_node: 4
@@ -149,18 +163,41 @@ def test_two_plans_train_the_same_on_a_simulated_two_node_cluster(cluster_addres
     for row in disjoint[1:]:
         assert row["call/ref_inf/start_s"] < row["call/actor_inf/end_s"]
     assert all(0 < r["reward/success"] for r in disjoint[1:]) and any(r["actor/loss"] != 0 for r in disjoint[1:])
-    keys = [
-        "reward/success",
-        "response/length",
-        "kl/mean",
-        "actor/loss",
-        "actor/clip_frac",
-        "actor/grad_norm",
-        "critic/loss",
-        "critic/grad_norm",
-        "advantages/mean",
-        "returns/mean",
-    ]
     for a, b in zip(runs["default"][1:], disjoint[1:]):
-        for key in keys:
+        for key in COMPARED:
+            assert b[key] == pytest.approx(a[key], rel=REL_TOLERANCE, abs=1e-6), (a["iteration"], key)
+
+
+TENSOR_PARALLEL = """\
+num_nodes: 2
+gpus_per_node: 4
+source: test-tensor-parallel
+calls:
+  actor_gen: {devices: [0, 1], dp: 2}
+  actor_train: {devices: [0, 1, 2, 3], dp: 2, tp: 2}
+  critic_train: {devices: [4, 5, 6, 7], dp: 2, tp: 2}
+  critic_inf: {devices: [4, 5, 6, 7], dp: 4}
+  ref_inf: {devices: [6, 7], tp: 2}
+"""
+# Training TP shards k/v by head: the tiny model with 2 kv heads (the default has 1).
+KV2 = "model.tiny.num_kv_heads=2"
+
+
+@pytest.mark.slow
+def test_tensor_parallel_plan_trains_like_the_heuristic_plan(cluster_address, tmp_path):
+    # Actor and critic trained as 2 FSDP x 2 TP, critic inference on 4 replicas of the same devices
+    # (a reallocation from the TP layout), reference inference on one TP-2 replica.
+    plan_path = tmp_path / "plan.yaml"
+    plan_path.write_text(TENSOR_PARALLEL)
+    heuristic = _train(cluster_address, tmp_path / "heuristic", KV2)
+    tp = _train(cluster_address, tmp_path / "tp", KV2, f"cluster.plan={plan_path}")
+    assert [r["iteration"] for r in tp] == [0, 1, 2]
+    placement = json.loads((tmp_path / "tp" / "placement.json").read_text())
+    assert placement["6"]["roles"] == ["critic", "critic_inf", "ref"]
+    for row in tp[1:]:
+        for model in ("actor", "critic"):
+            assert row[f"realloc/{model}/bytes_moved"] == row[f"realloc/{model}/lower_bound_bytes"] > 0, model
+    assert all(0 < r["reward/success"] for r in tp[1:]) and any(r["actor/loss"] != 0 for r in tp[1:])
+    for a, b in zip(heuristic[1:], tp[1:]):
+        for key in COMPARED:
             assert b[key] == pytest.approx(a[key], rel=REL_TOLERANCE, abs=1e-6), (a["iteration"], key)

@@ -1,0 +1,67 @@
+"""A call's devices as a 2-D grid, and the process groups it needs (pure; no torch.distributed).
+
+A call with ``dp x tp`` devices (``pp`` is 1: the runtime refuses pipeline stages) runs on a grid
+of ``dp`` rows, one per model replica (training: one FSDP shard index; inference: one replica),
+each row the ``tp`` devices of one tensor-parallel group. Devices are taken in sorted order, row
+after row, so that every row and every column is itself sorted: ``dist.new_group`` orders its
+ranks that way, and the mesh's coordinates must agree with the groups' rank order::
+
+    grid_of((7, 4, 5, 6), tp=2)         == ((4, 5), (6, 7))   # 2 replicas of TP 2
+    grid_groups(((4, 5), (6, 7)))       == [(4, 5), (4, 5, 6, 7), (4, 6), (5, 7), (6, 7)]
+    dp_index(((4, 5), (6, 7)), 7)       == 1                  # device 7 trains replica 1's rows
+
+Data follows the rows: the tp devices of a row see the same batch rows (the same minibatch
+shares for an update, the same slice for inference) and only the row's first device reports
+inference outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+Grid = tuple[tuple[int, ...], ...]
+
+
+def grid_of(devices: Iterable[int], tp: int) -> Grid:
+    """``devices`` (sorted) as rows of ``tp``: [dp][tp] device ids."""
+    ordered = sorted(devices)
+    if tp < 1 or len(ordered) % tp:
+        raise ValueError(f"{len(ordered)} devices cannot form rows of tp={tp}")
+    return tuple(tuple(ordered[i : i + tp]) for i in range(0, len(ordered), tp))
+
+
+def grid_groups(grid: Grid) -> list[tuple[int, ...]]:
+    """The device sets that need a process group for a model sharded over ``grid``, sorted: the
+    whole grid (more than one device), and with tp > 1 every row (TP) and every column (FSDP;
+    a column of one device too, since a 2-D DeviceMesh needs a group per dimension)."""
+    devices = tuple(sorted(d for row in grid for d in row))
+    groups = {devices} if len(devices) > 1 else set()
+    if len(grid[0]) > 1:
+        groups.update(grid)
+        groups.update(tuple(column) for column in zip(*grid))
+    return sorted(groups)
+
+
+def row_of(grid: Grid, device: int) -> tuple[int, ...]:
+    """The TP group (one model replica) holding ``device``."""
+    return next(row for row in grid if device in row)
+
+
+def column_of(grid: Grid, device: int) -> tuple[int, ...]:
+    """The data-parallel group of ``device``: the devices at its TP index in every row."""
+    return tuple(row[row_of(grid, device).index(device)] for row in grid)
+
+
+def dp_index(grid: Grid, device: int) -> int:
+    """Which data-parallel share (row) ``device`` trains or infers on."""
+    return grid.index(row_of(grid, device))
+
+
+def leaders(grid: Grid) -> list[int]:
+    """Each row's first device: the one whose inference outputs are kept."""
+    return [row[0] for row in grid]
+
+
+def global_grid(grid: Grid, rank_of: Sequence[int] | dict[int, int]) -> list[list[int]]:
+    """``grid`` in global ranks (``rank_of[device]``), the ``mesh`` that ``DeviceMesh.from_group`` takes."""
+    return [[rank_of[d] for d in row] for row in grid]
