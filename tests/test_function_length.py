@@ -33,10 +33,7 @@ MARKER = re.compile(r"^\s*(#\s*)?Kept whole:\s*\S")
 
 # Functions another helper is splitting in the same session (issue 14): remove each entry when
 # its function is under the limit or carries a `Kept whole:` reason. Nothing else goes here.
-PENDING: set[str] = {
-    "trainer/runtime.py:start",
-    "reallocation/ray_workers.py:device_pool",
-}
+PENDING: set[str] = set()
 
 
 def package_files(root: Path) -> Iterator[Path]:
