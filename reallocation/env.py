@@ -34,11 +34,19 @@ TEST_DEFAULTS: Mapping[str, str] = {
     "GLOO_SOCKET_IFNAME": "lo",
 }
 
+WORKER_DEFAULTS: Mapping[str, str] = {
+    # Ray forwards every worker's stderr to the driver's terminal: a progress bar redrawn with "\r" there
+    # (transformers' "Loading weights") interleaves with the driver's own lines. Workers report progress
+    # through the driver instead.
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+}
+
 # Ray workers get these from the driver, so that nothing they start talks to anything but the
 # sources the driver was told to use (and they import the same code).
 WORKER_KEYS: tuple[str, ...] = (
     tuple(RUNTIME_DEFAULTS)
     + tuple(TEST_DEFAULTS)
+    + tuple(WORKER_DEFAULTS)
     + (
         "REALM_CACHE_DIR",
         "OMP_NUM_THREADS",

@@ -27,7 +27,7 @@ from typing import Any
 
 import ray
 
-from reallocation.env import WORKER_KEYS, apply_defaults
+from reallocation.env import WORKER_DEFAULTS, WORKER_KEYS, apply_defaults
 
 # The resource that counts devices: Ray's GPUs (real ones, or declared on a simulated cluster); a
 # local CPU Ray declares this custom resource instead, one unit per plan device.
@@ -309,7 +309,7 @@ def _in_bundle(pg: Any, index: int) -> Any:
 
 def _actor_env(host: str) -> dict[str, str]:
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
-    env = {k: os.environ[k] for k in WORKER_KEYS if k in os.environ}
+    env = {**WORKER_DEFAULTS, **{k: os.environ[k] for k in WORKER_KEYS if k in os.environ}}
     env["MASTER_ADDR"] = host
     return env
 
