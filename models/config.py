@@ -5,8 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-# DTYPES is imported from here by trainer/workers.py; the table itself is reallocation/dtypes.py.
-from reallocation.dtypes import DTYPES as DTYPES
 from reallocation.dtypes import check_dtype
 
 

@@ -283,9 +283,9 @@ class DeviceWorker:
         return weights, (counts, start, time.time())
 
     def workers_dtype(self) -> torch.dtype:
-        from trainer.workers import _DTYPES
+        from reallocation.dtypes import torch_dtype
 
-        return _DTYPES[self.dtype]
+        return torch_dtype(self.dtype)
 
     def ready(self) -> dict[str, Any]:
         return {"device": self.device, "roles": sorted(self.workers), "pid": os.getpid()}

@@ -33,14 +33,12 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from models.config import DTYPES
 from models.schedule import build_lr_scheduler
+from reallocation.dtypes import check_dtype, torch_dtype
 from trainer import batch as B
 from trainer.advantages import masked_sum
 from trainer.config import PPOConfig, SFTConfig
 from trainer.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_clip_range, value_loss
-
-_DTYPES = {name: getattr(torch, name) for name in DTYPES}
 
 
 class Ranks:
@@ -69,8 +67,7 @@ class Ranks:
         tp_group=None,
         grid: Sequence[Sequence[int]] | None = None,
     ):
-        if dtype not in _DTYPES:
-            raise ValueError(f"dtype={dtype!r}: expected one of {sorted(_DTYPES)}")
+        check_dtype(dtype, "dtype")
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend={backend!r}: expected gloo or nccl")
         if (tp_group is None) != (grid is None) or (tp_group is None) != (dp_group is None):
@@ -85,7 +82,7 @@ class Ranks:
         self.tp_size = len(self.grid[0]) if self.grid is not None else 1
         self.num_dp = self.world_size // self.tp_size
         self.dtype_name = dtype
-        self.compute_dtype = _DTYPES[dtype]
+        self.compute_dtype = torch_dtype(dtype)
         if backend == "nccl":
             # Ray gives each device worker its own GPU through CUDA_VISIBLE_DEVICES: the first visible one is ours.
             self.device = torch.device("cuda", torch.cuda.current_device())
