@@ -42,3 +42,17 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture
+def isolated_config_store():
+    """For tests that run a CLI module with runpy, as `python -m` would: re-executing the module
+    registers *its new copy* of the schema class in Hydra's process-wide ConfigStore, and later tests
+    in this process would then compose to that class and fail the schema check. Restore the store."""
+    import copy
+
+    from hydra.core.config_store import ConfigStore
+
+    saved = copy.deepcopy(ConfigStore.instance().repo)
+    yield
+    ConfigStore.instance().repo = saved

@@ -201,7 +201,9 @@ def test_kv_cache_is_sized_for_one_chunk(tmp_path):
 # runpy re-runs the module this file imported, as `python -m eval` would run it: the warning says so.
 @pytest.mark.filterwarnings("ignore:'eval.__main__' found in sys.modules:RuntimeWarning")
 @pytest.mark.parametrize("override, key", [("+no_such=1", "no_such"), ("+data.no_such_field=1", "data.no_such_field")])
-def test_command_rejects_an_added_unknown_key_before_evaluating(override, key, monkeypatch, tmp_path):
+def test_command_rejects_an_added_unknown_key_before_evaluating(
+    override, key, monkeypatch, tmp_path, isolated_config_store
+):
     """`+key=value` lifts Hydra's struct mode; `python -m eval` must still stop at start, naming the key."""
     import runpy
 

@@ -297,7 +297,7 @@ def test_auc_worked_example():
 @pytest.mark.parametrize(
     "override, key", [("+no_such_key=1", "no_such_key"), ("+synthetic.no_such_field=1", "synthetic.no_such_field")]
 )
-def test_cli_rejects_an_added_unknown_key_before_training(override, key, monkeypatch, tmp_path):
+def test_cli_rejects_an_added_unknown_key_before_training(override, key, monkeypatch, tmp_path, isolated_config_store):
     """`+key=value` lifts Hydra's struct mode; `python -m rewards.train_rm` must still stop at start
     with one line naming the key (not a Hydra traceback)."""
     import runpy
