@@ -84,7 +84,70 @@ def run_row(run: Path) -> dict[str, Any]:
         "step_score_mean": mean_of("reward/step_score"),
         "orm_score_mean": mean_of("reward/orm_score"),
         "kl_last": last_of("kl/mean"),
+        "truncated_last": last_of("response/truncated"),
+        "explained_variance_mean": mean_of("critic/explained_variance"),
     }
+
+
+# Two-sided 95% quantiles of Student's t by degrees of freedom (1..30); beyond 30 the normal's 1.96 is
+# within 2% of them.
+_T95 = (
+    12.706,
+    4.303,
+    3.182,
+    2.776,
+    2.571,
+    2.447,
+    2.365,
+    2.306,
+    2.262,
+    2.228,
+    2.201,
+    2.179,
+    2.160,
+    2.145,
+    2.131,
+    2.120,
+    2.110,
+    2.101,
+    2.093,
+    2.086,
+    2.080,
+    2.074,
+    2.069,
+    2.064,
+    2.060,
+    2.056,
+    2.052,
+    2.048,
+    2.045,
+    2.042,
+)
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n - 1; nan for one value) over seeds; a nan value (a metric a
+    run did not log) makes both nan."""
+    if not values:
+        return float("nan"), float("nan")
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    # By hand, not statistics.stdev: that raises on nan instead of propagating it.
+    return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+
+
+def paired_interval(option: dict[str, float], baseline: dict[str, float]) -> tuple[float, float, int]:
+    """Mean over shared seeds of option - baseline, the half-width of its 95% t interval, and the number of
+    pairs. Worked example: differences 0.05, 0.02, 0.08 -> mean 0.05, sd 0.03, half-width
+    4.303 * 0.03 / sqrt(3) = 0.0745."""
+    seeds = sorted(set(option) & set(baseline))
+    diffs = [option[s] - baseline[s] for s in seeds]
+    if len(diffs) < 2:
+        return (diffs[0] if diffs else float("nan")), float("nan"), len(diffs)
+    t = _T95[len(diffs) - 2] if len(diffs) - 1 <= len(_T95) else 1.96
+    mean, std = mean_std(diffs)
+    return mean, t * std / len(diffs) ** 0.5, len(diffs)
 
 
 # Per-iteration keys left out of exported metrics: timings and throughput differ between machines and
@@ -164,6 +227,7 @@ def write_summary(root: Path, out: Path) -> tuple[Path, Path | None]:
         group = by_reward[name]
         vals = [statistics.fmean([g[c] for g in group]) for c in cols]
         lines.append(f"| {name} | {len(group)} | " + " | ".join(_fmt(v) for v in vals) + " |")
+    lines += ["", *_seed_tables(by_reward, order)]
     out.mkdir(parents=True, exist_ok=True)
     md = out / "summary.md"
     listing = [f"- {r['reward']} seed {r['seed']}: {r['run']}" for r in rows]
@@ -171,6 +235,43 @@ def write_summary(root: Path, out: Path) -> tuple[Path, Path | None]:
     atomic_write_text(md, "\n".join(lines) + "\n\nRuns:\n" + "\n".join(listing) + "\n")
     atomic_write_text(out / "summary.json", json.dumps(rows, indent=2))
     return md, _plot(runs, rows, out / "curves.png")
+
+
+# (column, label) of the spread table: the quantities the reward options are compared on.
+_SPREAD = [
+    ("greedy_after", "held-out greedy"),
+    ("sampled_after", "held-out sampled"),
+    ("steps_last", "steps/resp (last)"),
+    ("truncated_last", "truncated (last)"),
+    ("kl_last", "KL (last)"),
+    ("explained_variance_mean", "critic explained variance (mean)"),
+]
+
+
+def _seed_tables(by_reward: dict[str, list[dict[str, Any]]], order: list[str]) -> list[str]:
+    """Mean ± std over seeds per option, and each option's paired difference from success-only (same
+    seed: same warm-up, same prompts) with its 95% t interval."""
+    header = "| reward | seeds | " + " | ".join(label for _, label in _SPREAD) + " |"
+    lines = ["Over seeds (mean ± sample std):", "", header, "|" + "---|" * (header.count("|") - 1)]
+    for name in order:
+        cells = []
+        for col, _ in _SPREAD:
+            mean, std = mean_std([g[col] for g in by_reward[name]])
+            cells.append(f"{_fmt(mean)} ± {_fmt(std)}")
+        lines.append(f"| {name} | {len(by_reward[name])} | " + " | ".join(cells) + " |")
+    if "success" not in by_reward:
+        return lines
+    paired = [("greedy_after", "held-out greedy"), ("sampled_after", "held-out sampled")]
+    header = "| reward | pairs | " + " | ".join(f"{label} − success-only [95% interval]" for _, label in paired) + " |"
+    lines += ["", "Paired difference from success-only (per seed):", "", header, "|" + "---|" * (header.count("|") - 1)]
+    base = {col: {g["seed"]: g[col] for g in by_reward["success"]} for col, _ in paired}
+    for name in [n for n in order if n != "success"]:
+        cells, num_pairs = [], 0
+        for col, _ in paired:
+            diff, half, num_pairs = paired_interval({g["seed"]: g[col] for g in by_reward[name]}, base[col])
+            cells.append(f"{diff:+.3f} [{diff - half:+.3f}, {diff + half:+.3f}]" if half == half else f"{diff:+.3f}")
+        lines.append(f"| {name} | {num_pairs} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _plot(runs: list[Path], rows: list[dict[str, Any]], path: Path) -> Path:

@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainer.summarize import run_row, write_summary
+import pytest
+
+from trainer.summarize import mean_std, paired_interval, run_row, write_summary
 
 
 def _run(root: Path, reward: str, seed: int, steps: list[float], heldout_after: float) -> Path:
@@ -31,6 +33,29 @@ def _run(root: Path, reward: str, seed: int, steps: list[float], heldout_after: 
     return run
 
 
+def test_mean_std_and_paired_interval_worked_example():
+    assert mean_std([0.4, 0.6]) == (0.5, pytest.approx(0.1414, abs=1e-4))  # sqrt(((0.1)^2 * 2) / 1)
+    assert mean_std([0.4])[1] != mean_std([0.4])[1]  # one seed: no spread (nan)
+    # differences 0.05, 0.02, 0.08: mean 0.05, sd 0.03, half-width t(0.975, 2) * 0.03 / sqrt(3) = 0.0745
+    diff, half, n = paired_interval({"0": 0.65, "1": 0.52, "2": 0.78, "3": 0.9}, {"0": 0.6, "1": 0.5, "2": 0.7})
+    assert (n, diff) == (3, pytest.approx(0.05)) and half == pytest.approx(4.303 * 0.03 / 3**0.5)
+    diff, half, n = paired_interval({"0": 0.7}, {"0": 0.6})
+    assert (n, diff) == (1, pytest.approx(0.1)) and half != half
+
+
+def test_summary_has_the_spread_over_seeds_and_paired_differences(tmp_path):
+    for seed, (success, prm) in enumerate([(0.6, 0.65), (0.5, 0.52), (0.7, 0.78)]):
+        _run(tmp_path, "success", seed, [3.0, 3.0], heldout_after=success)
+        _run(tmp_path, "prm", seed, [3.0, 4.0], heldout_after=prm)
+    md, _ = write_summary(tmp_path, tmp_path / "out")
+    text = md.read_text()
+    spread = next(l for l in text.splitlines() if l.startswith("| prm | 3 | ") and "±" in l)
+    assert spread.split(" | ")[2] == "0.650 ± 0.130"  # greedy after: 0.65, 0.52, 0.78
+    paired = next(l for l in text.splitlines() if l.startswith("| prm | 3 | ") and "[" in l)
+    # greedy: differences 0.05, 0.02, 0.08 -> +0.050 +- 0.0745; sampled is greedy - 0.1 in _run: the same
+    assert paired.split(" | ")[2] == "+0.050 [-0.025, +0.125]"
+
+
 def test_run_row_reads_first_last_and_means(tmp_path):
     row = run_row(_run(tmp_path, "prm", 1, [3.0, 4.0, 5.0], heldout_after=0.4))
     assert (row["reward"], row["seed"], row["iterations"]) == ("prm", "1", 3)
@@ -50,7 +75,7 @@ def test_summary_averages_seeds_in_paper_order(tmp_path):
     (_run(tmp_path, "prm", 2, [9.0], heldout_after=0.0) / "summary.json").unlink()  # still going
     md, png = write_summary(tmp_path, tmp_path / "out")
     lines = md.read_text().splitlines()
-    rows = [l for l in lines if l.startswith("| prm")]
+    rows = [l for l in lines if l.startswith("| prm") and "±" not in l]  # the first table (not the spread)
     assert [r.split(" | ")[0] for r in rows] == ["| prm", "| prm_delta"]
     prm = rows[0].split(" | ")
     # reward, seeds, greedy before, after (mean of 0.4 and 0.2), sampled after, steps first, last (mean of 5, 7)
