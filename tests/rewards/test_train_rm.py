@@ -271,17 +271,22 @@ def test_cli_trains_into_output_dir(tmp_path):
 def test_builtin_reward_models_train_on_first_use_and_beat_a_constant(path):
     """The real built-ins (minutes each): trained once into the cache, then reused.
 
-    They are weak verifiers (see the report in rewards/train_rm.py), but better than a constant:
-    AUC above 0.5, and the PRM's step accuracy above always answering the majority label.
+    Small verifiers of the synthetic task (README "Rewards"), clearly better than a constant: the thresholds
+    below, and the PRM's step accuracy above always answering the majority label.
     """
     from rewards.train_rm import ensure_builtin
 
     model_dir = ensure_builtin(path)
     assert ensure_builtin(path) == model_dir and (model_dir / "COMPLETE").exists()
     metrics = json.loads((model_dir / "realm_rm.json").read_text())["metrics"]
+    # Thresholds below the spread over training seeds in README "Rewards" (PRM step AUC 0.83-0.85, lowest-step
+    # final-answer AUC 0.71-0.78; ORM final-answer AUC 0.90), so a different CPU's float reductions pass too.
     assert metrics["final_auc"] > 0.55
     if path.endswith("prm"):
-        assert metrics["step_auc"] > 0.7 and metrics["step_accuracy"] > metrics["step_majority_baseline"] + 0.05
+        assert metrics["step_auc"] > 0.75 and metrics["step_accuracy"] > metrics["step_majority_baseline"] + 0.05
+        assert metrics["final_min_auc"] > 0.65
+    else:
+        assert metrics["final_auc"] > 0.75
 
 
 def test_auc_worked_example():
