@@ -15,6 +15,10 @@ from reallocation.estimator import Hardware, Workload, evaluator
 from reallocation.execution_plan import CALL_KIND, OFFLOADABLE, TRAIN, CallAllocation
 
 MICROBATCHES = (1, 2, 4, 8, 16, 32, 64)
+# Finer splits, tried only for a (call, mesh, layout) that fits with none of the above: a 7B policy's
+# 32,768 sequences per iteration over 8 GPUs need hundreds of micro-batches to fit, and the search must not
+# give up on it while a rule-based plan fits.
+FINE_MICROBATCHES = (128, 256, 512, 1024, 2048, 4096)
 
 
 def device_meshes(hw: Hardware) -> list[tuple[int, ...]]:
@@ -64,25 +68,37 @@ _STRATEGIES: dict[tuple[Workload, Hardware, int], dict[tuple, list[CallAllocatio
 def _strategies(
     call: str, devices: tuple[int, ...], w: Workload, hw: Hardware, pp_one: bool, tp: int | None
 ) -> list[CallAllocation]:
-    spec, kind, ev = w.spec(call), CALL_KIND[call], evaluator(w, hw)
+    spec, ev, limits = w.spec(call), evaluator(w, hw), w.limits
     out = []
     for t in _divisors(len(devices)) if tp is None else [tp]:
-        kv_ok = spec.num_kv_heads % t == 0 or t % spec.num_kv_heads == 0
+        kv_ok = spec.num_kv_heads % t == 0 or (limits.kv_replication and t % spec.num_kv_heads == 0)
         if t > hw.gpus_per_node or spec.num_heads % t or not kv_ok or len(devices) % t:
             continue
-        for pp in [1] if pp_one else _divisors(len(devices) // t):
+        if t > 1 and call == "actor_gen" and not limits.generation_tp:
+            continue
+        for pp in [1] if pp_one or not limits.pipeline else _divisors(len(devices) // t):
             dp = len(devices) // (t * pp)
             if spec.num_layers % pp or w.batch < dp:
                 continue
-            for mb in MICROBATCHES:
-                if dp * mb > w.batch:
-                    break
-                for ckpt in (False, True) if kind == TRAIN else (False,):
-                    for offload in (False, True) if call in OFFLOADABLE else (False,):
-                        alloc = CallAllocation(devices, pp, dp, t, mb, ckpt, offload)
-                        if ev.fits_alone(call, alloc):
-                            out.append(alloc)
+            found = _fitting_knobs(call, CallAllocation(devices, pp, dp, t), MICROBATCHES, w, hw)
+            out += found or _fitting_knobs(call, CallAllocation(devices, pp, dp, t), FINE_MICROBATCHES, w, hw)
     out.sort(key=lambda a: (ev.seconds(call, a), a.num_microbatches, a.activation_checkpointing, a.offload))
+    return out
+
+
+def _fitting_knobs(
+    call: str, layout: CallAllocation, microbatches: tuple[int, ...], w: Workload, hw: Hardware
+) -> list[CallAllocation]:
+    """``layout`` with each micro-batch count, checkpointing and offload choice that fits alone."""
+    ev, out = evaluator(w, hw), []
+    for mb in microbatches:
+        if layout.dp * mb > w.batch:
+            break
+        for ckpt in (False, True) if CALL_KIND[call] == TRAIN else (False,):
+            for offload in (False, True) if call in OFFLOADABLE else (False,):
+                alloc = CallAllocation(layout.devices, layout.pp, layout.dp, layout.tp, mb, ckpt, offload)
+                if ev.fits_alone(call, alloc):
+                    out.append(alloc)
     return out
 
 

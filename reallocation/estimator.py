@@ -115,6 +115,19 @@ def hardware(name: str, num_nodes: int, gpus_per_node: int, profile: object | No
 
 
 @dataclass(frozen=True)
+class LayoutLimits:
+    """Which layouts a plan may use, for a runtime that does not run them all (the search honours these;
+    the default allows everything the cost model prices)."""
+
+    pipeline: bool = True
+    """pp > 1 in any call."""
+    generation_tp: bool = True
+    """tp > 1 for actor_gen."""
+    kv_replication: bool = True
+    """tp that does not divide the kv heads (k/v replicated across tp ranks, as vLLM does)."""
+
+
+@dataclass(frozen=True)
 class Workload:
     """One PPO iteration: ``batch`` prompts of ``prompt_len`` tokens, ``gen_len`` generated each.
     The reference model has the actor's shape; ``reward`` is None for a rule-based reward."""
@@ -125,6 +138,7 @@ class Workload:
     batch: int
     prompt_len: int
     gen_len: int
+    limits: LayoutLimits = LayoutLimits()
 
     @property
     def seq_len(self) -> int:

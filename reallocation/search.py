@@ -76,6 +76,7 @@ def search(
     beta: float = 30.0,
     progress: bool = False,
     clock: Callable[[], float] = time.perf_counter,
+    also_from: ExecutionPlan | None = None,
 ) -> SearchReport:
     """Search for ``seconds_budget`` seconds of ``clock`` (candidates and baselines included).
 
@@ -88,11 +89,17 @@ def search(
     names = list(workload.calls)
     base = baselines(workload, hw)
     options = {c: candidates(c, workload, hw) for c in names}
+    given = {"given": (also_from, estimate_plan(also_from, workload, hw))} if also_from is not None else {}
+    if given and given["given"][1].fits:
+        for c in names:  # a call with no candidate of its own keeps the given plan's allocation
+            options[c] = options[c] or [also_from.calls[c]]  # type: ignore[union-attr]
     _check_every_call_fits_alone(options, base, hw)
-    fitting = sorted((cost.seconds_per_iteration, name) for name, (_, cost) in base.items() if cost and cost.fits)
-    # Descend from every fitting baseline, best first (the best one alone already guarantees the
-    # result is no worse than any baseline); then walk and descend from the best plan found.
-    starts = [dict(base[name][0].calls) for _, name in fitting]  # type: ignore[union-attr]
+    fitting = sorted(
+        (cost.seconds_per_iteration, name) for name, (_, cost) in {**base, **given}.items() if cost and cost.fits
+    )
+    # Descend from every fitting baseline (and the given plan), best first (the best one alone already
+    # guarantees the result is no worse than any of them); then walk and descend from the best plan found.
+    starts = [dict({**base, **given}[name][0].calls) for _, name in fitting]  # type: ignore[union-attr]
     start_name = fitting[0][1] if fitting else "fastest"
     current = starts[0] if starts else {c: options[c][0] for c in names}
     rng = random.Random(seed)
@@ -281,9 +288,12 @@ def _progress(enabled: bool, total: float):
     return update
 
 
-def search_plan(workload: Workload, hw: Hardware, *, seconds: float, seed: int = 0) -> tuple[ExecutionPlan, PlanCost]:
-    """The best fitting plan found in ``seconds`` (never worse than a fitting baseline)."""
-    report = search(workload, hw, seconds_budget=seconds, seed=seed)
+def search_plan(
+    workload: Workload, hw: Hardware, *, seconds: float, seed: int = 0, also_from: ExecutionPlan | None = None
+) -> tuple[ExecutionPlan, PlanCost]:
+    """The best fitting plan found in ``seconds`` (never worse than a fitting baseline, nor than
+    ``also_from`` when it fits)."""
+    report = search(workload, hw, seconds_budget=seconds, seed=seed, also_from=also_from)
     return report.plan, report.cost
 
 

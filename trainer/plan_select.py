@@ -155,6 +155,7 @@ def model_specs(
 def workload(cfg: TrainConfig, specs: dict[str, ModelSpec]):
     """The cost model's ``Workload`` of one iteration, at full prompt and response length."""
     from reallocation.estimator import Workload
+    from trainer.runtime import RUNTIME_LIMITS
 
     r = cfg.rollout
     return Workload(
@@ -164,6 +165,7 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec]):
         batch=r.num_prompts * r.num_samples_per_prompt,
         prompt_len=r.max_prompt_tokens,
         gen_len=r.max_new_tokens,
+        limits=RUNTIME_LIMITS,  # the search proposes only plans the plan runtime runs
     )
 
 
@@ -298,7 +300,11 @@ def resolve_plan(
         if log:
             log(f"[plan] searching for {cl.plan_search_seconds:g} s ({cl.num_devices} x {cl.hardware})")
         try:
-            plan, _ = search_plan(workload(cfg, specs), hw, seconds=cl.plan_search_seconds, seed=cfg.run.seed)
+            # Also from the rule's plan: the search's result is then never slower than cluster.plan=heuristic.
+            rule = heuristic_plan(cl, specs, rows=rows, seq_len=seq_len)
+            plan, _ = search_plan(
+                workload(cfg, specs), hw, seconds=cl.plan_search_seconds, seed=cfg.run.seed, also_from=rule
+            )
         except NoFitError as e:
             raise PlanError(
                 f"cluster.plan=search: {e}; cluster.plan=heuristic may fit (check it with run.dry_run=true)"

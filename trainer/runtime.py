@@ -43,6 +43,7 @@ from typing import Any
 
 import torch
 
+from reallocation.estimator import LayoutLimits
 from reallocation.execution_plan import CALL_MODEL, CallAllocation, ExecutionPlan
 from reallocation.layout import ModelSpec
 from trainer.meshes import Grid, grid_groups, grid_of, leaders
@@ -63,6 +64,10 @@ class Event:
     device: int
     start: float
     end: float
+
+
+# What check_supported lets through, for the plan search (``cluster.plan=search`` looks only at these).
+RUNTIME_LIMITS = LayoutLimits(pipeline=False, generation_tp=False, kv_replication=False)
 
 
 def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None = None) -> None:

@@ -6,9 +6,10 @@ import re
 import pytest
 
 from reallocation.baselines import disjoint, real_heuristic, symmetric
-from reallocation.candidates import candidates, device_meshes
+from reallocation.candidates import candidates, device_meshes, strategies
 from reallocation.estimator import (
     Hardware,
+    LayoutLimits,
     Workload,
     call_memory,
     call_seconds,
@@ -189,6 +190,31 @@ def test_search_returns_a_fitting_plan_no_worse_than_any_fitting_baseline():
     assert fitting and report.cost.seconds_per_iteration <= min(fitting) + 1e-9
     again = estimate_plan(report.plan, w, HW)
     assert again.seconds_per_iteration == pytest.approx(report.cost.seconds_per_iteration)
+
+
+def test_limits_keep_the_candidates_to_what_a_runtime_runs():
+    w = Workload(LLAMA_7B, LLAMA_7B, LLAMA_7B, batch=512, prompt_len=128, gen_len=896)
+    assert any(a.tp > 1 for a in candidates("actor_gen", w, HW))
+    limited = Workload(**{**w.__dict__, "limits": LayoutLimits(pipeline=False, generation_tp=False)})
+    assert all(a.tp == 1 and a.pp == 1 for a in candidates("actor_gen", limited, HW))
+    assert all(a.pp == 1 for a in candidates("actor_train", limited, HW))
+    # Qwen2.5-Math-1.5B has 2 kv heads: without kv replication, tp 4 and 8 (12 heads: tp 4) are gone.
+    qwen = Workload(QWEN_1_5B, QWEN_1_5B, None, batch=512, prompt_len=128, gen_len=896)
+    no_repl = Workload(**{**qwen.__dict__, "limits": LayoutLimits(kv_replication=False)})
+    node = tuple(range(8))
+    assert {a.tp for a in strategies("actor_train", node, qwen, HW)} == {1, 2, 4}
+    assert {a.tp for a in strategies("actor_train", node, no_repl, HW)} == {1, 2}
+
+
+def test_finer_micro_batches_only_where_nothing_coarser_fits():
+    """A 7B actor's 32,768 sequences of 2,048 tokens on 8 GPUs: no training layout fits with at most 64
+    micro-batches; the candidates then come with 128 or more."""
+    qwen7 = named_spec("qwen2.5-math-7b")
+    big = Workload(qwen7, qwen7, None, batch=32768, prompt_len=1024, gen_len=1024)
+    train = candidates("actor_train", big, hardware("h100", 1, 8))
+    assert train and min(a.num_microbatches for a in train) >= 128
+    small = candidates("actor_train", PAPER_7B, HW)
+    assert max(a.num_microbatches for a in small) <= 64  # where coarse splits fit, nothing finer is tried
 
 
 def test_search_says_when_nothing_fits():
