@@ -279,7 +279,7 @@ def test_builtin_reward_models_train_on_first_use_and_beat_a_constant(path):
     model_dir = ensure_builtin(path)
     assert ensure_builtin(path) == model_dir and (model_dir / "COMPLETE").exists()
     metrics = json.loads((model_dir / "realm_rm.json").read_text())["metrics"]
-    # Thresholds below the spread over training seeds in README "Rewards" (PRM step AUC 0.83-0.85, lowest-step
+    # Thresholds below the spread over training seeds in README "Rewards" (PRM step AUC 0.80-0.85, lowest-step
     # final-answer AUC 0.71-0.78; ORM final-answer AUC 0.90), so a different CPU's float reductions pass too.
     assert metrics["final_auc"] > 0.55
     if path.endswith("prm"):
