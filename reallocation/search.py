@@ -89,18 +89,7 @@ def search(
     names = list(workload.calls)
     base = baselines(workload, hw)
     options = {c: candidates(c, workload, hw) for c in names}
-    given = {"given": (also_from, estimate_plan(also_from, workload, hw))} if also_from is not None else {}
-    if given and given["given"][1].fits:
-        for c in names:  # a call with no candidate of its own keeps the given plan's allocation
-            options[c] = options[c] or [also_from.calls[c]]  # type: ignore[union-attr]
-    _check_every_call_fits_alone(options, base, hw)
-    fitting = sorted(
-        (cost.seconds_per_iteration, name) for name, (_, cost) in {**base, **given}.items() if cost and cost.fits
-    )
-    # Descend from every fitting baseline (and the given plan), best first (the best one alone already
-    # guarantees the result is no worse than any of them); then walk and descend from the best plan found.
-    starts = [dict({**base, **given}[name][0].calls) for _, name in fitting]  # type: ignore[union-attr]
-    start_name = fitting[0][1] if fitting else "fastest"
+    starts, start_name = _starting_points(workload, hw, base, options, also_from)
     current = starts[0] if starts else {c: options[c][0] for c in names}
     rng = random.Random(seed)
     state = _State(workload, hw, names, clock)
@@ -132,6 +121,28 @@ def search(
     return SearchReport(
         plan, cost, base, time.perf_counter() - wall0, state.num_evaluations, start_name, time.process_time() - cpu0
     )
+
+
+def _starting_points(
+    workload: Workload,
+    hw: Hardware,
+    base: dict[str, tuple[ExecutionPlan | None, PlanCost | None]],
+    options: dict[str, list[CallAllocation]],
+    also_from: ExecutionPlan | None,
+) -> tuple[list[dict[str, CallAllocation]], str]:
+    """Every fitting baseline (and ``also_from``), best first, and the best one's name ("fastest" if none
+    fits). The search descends from each in turn: the best one alone already guarantees a result no worse
+    than any of them. A call with no candidate of its own keeps ``also_from``'s allocation in ``options``;
+    NoFitError when some call still has none."""
+    given = {"given": (also_from, estimate_plan(also_from, workload, hw))} if also_from is not None else {}
+    if also_from is not None and given["given"][1].fits:
+        for c in options:
+            options[c] = options[c] or [also_from.calls[c]]
+    _check_every_call_fits_alone(options, base, hw)
+    plans = {**base, **given}
+    fitting = sorted((cost.seconds_per_iteration, name) for name, (_, cost) in plans.items() if cost and cost.fits)
+    starts = [dict(plans[name][0].calls) for _, name in fitting]  # type: ignore[union-attr]
+    return starts, fitting[0][1] if fitting else "fastest"
 
 
 def _faster(cost: PlanCost, best: PlanCost | None) -> bool:
