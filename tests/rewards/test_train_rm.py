@@ -325,3 +325,28 @@ def test_lm_warmup_must_leave_classifier_steps(warmup, steps):
         RMTrainConfig(num_steps=steps, num_lm_warmup_steps=warmup)
     with pytest.raises(ValueError, match="lm_loss_weight"):
         RMTrainConfig(num_steps=10, num_lm_warmup_steps=2, lm_loss_weight=0.0)
+
+
+def test_prm_solution_score_is_its_lowest_step_across_windows():
+    """Scores are encoded in the token ids (id 80 -> 0.8). A: correct, steps 0.8 then 0.9. B: wrong, a
+    slip scored 0.2, then a last step that looks fine (0.95). C: wrong, split into two windows, 0.1 in the
+    first, a last read of 0.7. Last read: 0.9 vs 0.95 and 0.7 -> AUC 0.5; lowest step: 0.8 vs 0.2 and 0.1
+    -> AUC 1.0."""
+    import torch
+
+    from rewards.rm_encode import Encoded
+    from rewards.rm_metrics import heldout_metrics
+
+    def reader(ids, mask, rows, cols):
+        return torch.logit(ids[rows, cols].float() / 100)
+
+    data = [
+        Encoded(ids=[80, 90], reads=[0, 1], labels=[1.0, 1.0], source="clean", final_label=1),
+        Encoded(ids=[20, 95], reads=[0, 1], labels=[0.0, 0.0], source="corrupted", final_label=0),
+        Encoded(ids=[10], reads=[0], labels=[0.0], source="corrupted", final_label=0, is_last_window=False),
+        Encoded(ids=[70], reads=[0], labels=[0.0], source="corrupted", final_label=0),
+    ]
+    metrics = heldout_metrics(reader, data, pad_id=0, kind=RMKind.prm, device="cpu")
+    assert metrics["final_auc"] == 0.5  # last reads 0.9 | 0.95, 0.7: beats one of two negatives
+    assert metrics["final_min_auc"] == 1.0  # lowest steps 0.8 | 0.2, 0.1 (C's low score is in its first window)
+    assert metrics["num_heldout_steps"] == 6  # 2 + 2 + 1 + 1 reads
