@@ -6,6 +6,7 @@ Used by evaluation (``python -m eval``) and by the PPO trainer (rollouts + weigh
     outs = engine.generate(["<chat-formatted prompt>"], n=4, temperature=1.0, max_new_tokens=256)
     outs[0][0].text, outs[0][0].token_ids, outs[0][0].logprobs, outs[0][0].finish_reason
     engine.load_weights(model.state_dict().items())      # HF names, full tensors
+    engine.load_shards([(name, shape, box, shard), ...])  # a TP rank's own boxes (the plan runtime)
     engine.prompt_logprobs([[1, 2, 3, 4]])                # -> [[lp(2|1), lp(3|1,2), lp(4|1,2,3)]]
 
 Prompts are fully formatted by the caller (chat template applied, special tokens included) and
@@ -86,7 +87,25 @@ def _reload_weights_on_worker(worker, weights: Iterable[tuple[str, torch.Tensor]
             yield name, tensor
 
     worker.model_runner.reload_weights(weights_iterator=counted())
+    _reprocess_vocab_layers(worker.model_runner.get_model())
     return count
+
+
+def _reprocess_vocab_layers(model: torch.nn.Module) -> None:
+    """Re-run the weight processing of the embedding and LM head after a reload.
+
+    A tied LM head shares the embedding's tensor, so the reload fills it but skips its processing
+    (vLLM logs "ParallelLMHead: Failed to load weights"); on CPU that processing builds the packed
+    GEMM handle the logits are computed with, which would otherwise keep the old weights. Measured:
+    a TP-2 engine's logprobs were 1.48 away from the reloaded model's without this, 1e-6 with it.
+    Elsewhere (GPU) the processing of an unquantized embedding does nothing.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import UnquantizedEmbeddingMethod
+
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if isinstance(method, UnquantizedEmbeddingMethod):
+            method.process_weights_after_loading(module)
 
 
 CPU_MAX_NUM_BATCHED_TOKENS = 1 << 18
@@ -174,6 +193,35 @@ def _cpu_kv_cache(kv_cache_gib: float | None, kwargs: dict[str, Any]) -> Iterato
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = previous_kv
 
 
+def _one_torch_thread_on_cpu(on_gpu: bool) -> tuple[int, Any]:
+    """Returns (torch's thread count, ``torch.set_num_threads``) from before, for ``close()`` to restore.
+
+    vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process and only
+    then tries to drop torch to 1 intra-op thread for serving, so in-process the drop never
+    happens. Do it first: on a shared 2-core machine 1 thread generated several times faster than 2,
+    whose OpenMP barriers stall whenever another process holds a core (`bench/generate.py` measures
+    it and prints the thread counts it ran with). An explicit OMP_NUM_THREADS is respected (as vLLM
+    does).
+    """
+    before = torch.get_num_threads(), torch.set_num_threads
+    if not on_gpu and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+    return before
+
+
+def _join_tensor_parallel_group(rank: int, size: int, master: tuple[str, int] | None, on_gpu: bool) -> dict[str, str]:
+    """Set the environment vLLM's ``external_launcher`` builds its TP group from (torchrun's
+    variables); returns the ``LLM`` argument that selects it."""
+    if not 0 <= rank < size or master is None:
+        raise ValueError(f"tp_rank={rank} needs 0 <= tp_rank < tensor_parallel_size={size} and tp_master=(addr, port)")
+    addr, port = master
+    # Each rank's process sees only its own device (Ray sets CUDA_VISIBLE_DEVICES per actor): local rank 0.
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK="0", MASTER_ADDR=addr, MASTER_PORT=str(port))
+    if not on_gpu:  # the ranks share the machine's cores; vLLM would pin each to the same ones
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    return {"distributed_executor_backend": "external_launcher"}
+
+
 class VLLMEngine:
     """A vLLM ``LLM`` with the calls realm needs: generate, prompt_logprobs, load_weights.
 
@@ -194,25 +242,21 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.85,
         enforce_eager: bool | None = None,
         kv_cache_gib: float | None = None,
+        tp_rank: int | None = None,
+        tp_master: tuple[str, int] | None = None,
         **llm_kwargs: Any,
     ) -> None:
+        """``tp_rank``, ``tp_master`` (address, port): this process is rank ``tp_rank`` of a TP engine
+        whose ranks the caller started (vLLM's ``external_launcher``: every rank runs the same requests
+        and holds its own shards, which the plan runtime sends it); without them vLLM starts its own."""
         model_dir = Path(model_dir)
         tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else model_dir
         _check_dirs(model_dir, tokenizer_dir)
         import vllm
         from vllm import LLM
 
-        # vLLM's CPU worker replaces torch.set_num_threads with a no-op for the whole process and only
-        # then tries to drop torch to 1 intra-op thread for serving, so in-process the drop never
-        # happens. Do it first: on a shared 2-core machine 1 thread generated several times faster than 2,
-        # whose OpenMP barriers stall whenever another process holds a core (`bench/generate.py` measures
-        # it and prints the thread counts it ran with). An explicit OMP_NUM_THREADS is respected (as vLLM
-        # does). close() restores the thread count and torch.set_num_threads.
-        self._torch_threads_before = torch.get_num_threads()
-        self._set_num_threads = torch.set_num_threads
         on_gpu = torch.cuda.is_available()
-        if not on_gpu and "OMP_NUM_THREADS" not in os.environ:
-            torch.set_num_threads(1)
+        self._torch_threads_before, self._set_num_threads = _one_torch_thread_on_cpu(on_gpu)
         kwargs = llm_arguments(
             model_dir,
             tokenizer_dir,
@@ -225,10 +269,14 @@ class VLLMEngine:
             enforce_eager=enforce_eager,
             llm_kwargs=llm_kwargs,
         )
+        if tp_rank is not None:
+            kwargs.update(_join_tensor_parallel_group(tp_rank, tensor_parallel_size, tp_master, on_gpu))
         with _cpu_kv_cache(None if on_gpu else kv_cache_gib, kwargs):
             self.llm = LLM(**kwargs)
         self.tokenizer = self.llm.get_tokenizer()
         self.seed = seed
+        # An external_launcher engine always runs in this process; otherwise vLLM's own setting says.
+        self._in_process = tp_rank is not None or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
         self.sleep_mode = bool(llm_kwargs.get("enable_sleep_mode")) and on_gpu
         self.asleep = False
         self.info = EngineInfo(
@@ -373,12 +421,24 @@ class VLLMEngine:
         """
         self.wake_up()
         pairs: Iterable[tuple[str, torch.Tensor]] = weights.items() if isinstance(weights, Mapping) else weights
-        if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") != "0":
+        if not self._in_process:
             # The engine runs in another process: arguments are serialized, so no lazy iterators.
             pairs = [(n, t.detach().cpu()) for n, t in pairs]
         counts = self.llm.collective_rpc(_reload_weights_on_worker, args=(pairs,))
         self.llm.reset_prefix_cache()
         return int(counts[0]) if counts else 0
+
+    def load_shards(self, shards: Iterable[tuple[str, tuple[int, ...], Any, torch.Tensor]]) -> int:
+        """Push this TP rank's own boxes of HF-named parameters: ``(name, full shape, box, shard)``.
+
+        vLLM's loaders cut a rank's part out of checkpoint-shaped tensors, so each shard goes in as
+        ``names.checkpoint_shaped`` (zeros outside its box), one parameter at a time; a TP=1 engine's
+        boxes are full and go in as they are. Same rules as ``load_weights`` otherwise.
+        """
+        from reallocation.names import checkpoint_shaped
+
+        pairs = ((name, checkpoint_shaped(shard, box, tuple(shape))) for name, shape, box, shard in shards)
+        return self.load_weights(pairs)
 
     reload_weights = load_weights
     """Alias: ``reallocation.sync`` documents ``engine.reload_weights(weights)``."""

@@ -71,7 +71,8 @@ def _strategies(
     spec, ev, limits = w.spec(call), evaluator(w, hw), w.limits
     out = []
     for t in _divisors(len(devices)) if tp is None else [tp]:
-        kv_ok = spec.num_kv_heads % t == 0 or (limits.kv_replication and t % spec.num_kv_heads == 0)
+        replicate = limits.kv_replication or call == "actor_gen"  # vLLM replicates kv heads itself
+        kv_ok = spec.num_kv_heads % t == 0 or (replicate and t % spec.num_kv_heads == 0)
         if t > hw.gpus_per_node or spec.num_heads % t or not kv_ok or len(devices) % t:
             continue
         if t > 1 and call == "actor_gen" and not limits.generation_tp:

@@ -124,7 +124,8 @@ class LayoutLimits:
     generation_tp: bool = True
     """tp > 1 for actor_gen."""
     kv_replication: bool = True
-    """tp that does not divide the kv heads (k/v replicated across tp ranks, as vLLM does)."""
+    """tp that does not divide the kv heads in training and inference calls (k/v replicated across tp
+    ranks, as vLLM does; generation, which vLLM runs, may always replicate)."""
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,16 @@
 
 Two ways to load weights into vLLM:
 
-- CPU path (and any TP=1 engine): ``model_runner.reload_weights(weights_iterator=...)`` takes
-  ``(hf_name, full tensor)`` pairs, HF checkpoint names, and does the fusing itself. Use
-  ``sync.iter_full_weights``; nothing here is needed.
-- GPU path with vLLM TP > 1: each vLLM TP worker receives only its own shard (the plan's
-  destination layout is ``vllm_layout(tp)``) and copies it straight into its parameters, whose
-  names and shapes are vLLM's own:
+- Through vLLM's loaders (what the plan runtime does, CPU and GPU, any TP):
+  ``model_runner.reload_weights(weights_iterator=...)`` takes ``(hf_name, tensor)`` pairs in the
+  checkpoint's shapes, cuts each TP rank's part itself, fuses q/k/v and gate/up, and re-runs the
+  backend's weight processing (the CPU backend repacks linear weights, so copying into parameters
+  is not enough there). An engine rank receives only its own box of each parameter (the destination
+  layout is ``vllm_layout(tp, dp)``) and hands the loader ``checkpoint_shaped(shard, box, shape)``:
+  its box in place, zeros elsewhere, which the loader cuts away again. Nothing beyond the box
+  crosses the wire; the zero-padded tensor lives one parameter at a time on the receiving rank.
+- Straight into vLLM's parameters (kernel format, GPU only): each TP worker copies its shard into
+  its parameters, whose names and shapes are vLLM's own:
 
   ======================================  =================================================
   vLLM parameter (per TP rank)            built from (HF, this rank's TP shard)
@@ -33,7 +37,7 @@ from collections.abc import Iterable, Iterator, Mapping
 
 import torch
 
-from reallocation.layout import Layout, ModelSpec, Shape, box_shape
+from reallocation.layout import Box, Layout, ModelSpec, Shape, box_shape, full_box
 
 # vLLM's DEFAULT_VOCAB_PADDING_SIZE (vllm/model_executor/layers/vocab_parallel_embedding.py).
 VLLM_VOCAB_PAD_TO = 64
@@ -49,6 +53,24 @@ _FUSED = {
 _NUM_PARTS = {"self_attn.qkv_proj": 3, "mlp.gate_up_proj": 2}
 _LAYER = re.compile(r"^(model\.layers\.\d+\.)([a-z_]+\.[a-z_]+)\.(weight|bias)$")
 _VOCAB = {"model.embed_tokens.weight", "lm_head.weight"}
+
+
+def checkpoint_shaped(shard: torch.Tensor, box: Box, shape: Shape) -> torch.Tensor:
+    """``shard`` (the part ``box`` of a tensor of ``shape``) placed in a zero tensor of ``shape``:
+    the form vLLM's weight loaders take, which cut a TP rank's part out of checkpoint-shaped tensors.
+
+    A full box returns ``shard`` itself. Worked example: rows 2..3 of a (4, 2) tensor::
+
+        checkpoint_shaped(torch.ones(2, 2), ((2, 4), (0, 2)), (4, 2))
+        # [[0, 0], [0, 0], [1, 1], [1, 1]]
+    """
+    if tuple(shard.shape) != box_shape(box):
+        raise ValueError(f"shard of shape {tuple(shard.shape)} does not fill box {box}")
+    if box == full_box(shape):
+        return shard
+    out = shard.new_zeros(shape)
+    out[tuple(slice(start, stop) for start, stop in box)] = shard
+    return out
 
 
 def vllm_layout(tp: int, dp: int = 1, ranks: tuple[int, ...] | None = None) -> Layout:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -374,15 +374,18 @@ class DevicePool:
         """Build ``cls(**kwargs_of(device))`` inside every device's host actor (concurrently)."""
         ray.get([self.hosts[d].build.remote(cls, kwargs_of(d)) for d in self.devices])
 
-    def add_companions(self, name: str, devices: Sequence[int], cls: type, kwargs: dict[str, Any]) -> None:
-        """Start ``cls(**kwargs)`` in its own actor in each device's bundle (same node, same device),
-        all at once; each checks from inside that it sits where its device is."""
+    def add_companions(
+        self, name: str, devices: Sequence[int], cls: type, kwargs: dict[str, Any] | Callable[[int], dict[str, Any]]
+    ) -> None:
+        """Start ``cls(**kwargs)`` (or ``cls(**kwargs(device))``) in its own actor in each device's
+        bundle (same node, same device), all at once; each checks from inside that it sits where its
+        device is."""
         actors = {}
         for device in devices:
             actors[device] = self._remote.options(
                 name=f"{name}-device{device}-{os.getpid()}",
                 scheduling_strategy=_in_bundle(self.pg, self._bundles[device]),
-            ).remote(cls, kwargs, self._env, self._num_threads)
+            ).remote(cls, kwargs(device) if callable(kwargs) else kwargs, self._env, self._num_threads)
         ray.get([actors[d].check_placement.remote(*self.locations[d]) for d in devices])
         self.companions.update({(name, d): actor for d, actor in actors.items()})
 

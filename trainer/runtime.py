@@ -10,8 +10,9 @@ Deployment (``PlanRuntime.start``)::
         "critic_inf" CriticWorker replicas over critic_inf's grid, when its devices or layout differ
         "ref"        RefWorker replicas over ref_inf's grid
         "reward"     the reward function with its reward model, on rew_inf's first device
-    one vLLM engine (tp=1) per actor_gen device, a companion process in the same bundle (vLLM
-    builds its own torch.distributed world, so it cannot live inside the device worker's)
+    one vLLM engine rank per actor_gen device, a companion process in the same bundle (vLLM
+    builds its own torch.distributed world, so it cannot live inside the device worker's); with
+    tp > 1 the tp companions of a generation row form one engine (vLLM's external_launcher)
 
 A call's devices form a grid (``trainer.meshes``): dp rows of tp devices. A training model is
 TP-sharded within each row and FSDP-sharded across rows (``reallocation.parallelize``: ``apply_tp``
@@ -25,12 +26,14 @@ one process group per device set the plan needs (``mesh_groups``). Calls go to t
 mesh; a device worker runs one call at a time, in submission order, so calls on disjoint meshes run
 at the same time and calls on overlapping meshes queue. Reallocation (``reallocate``) moves a model
 between two of its layouts with ``reallocation.sync``'s planned resharding over the union of both
-meshes (from FSDP x TP training shards to full engine replicas, or to the inference replicas' own
-shards): each destination device receives exactly the bytes it does not hold (the lower bound).
+meshes (from FSDP x TP training shards to the engine ranks' own vLLM TP boxes, or to the inference
+replicas' own shards): each destination device receives exactly the bytes it does not hold (the lower
+bound), and passes an engine rank's boxes to the engine process beside it (``VLLMEngine.load_shards``).
 Each call reports its start and end per device (``Event``) for the metrics and the timeline picture.
 
-Supported layouts: training and inference dp x tp (tp must divide the kv heads); generation dp only
-(tp=1 vLLM replicas); pp = 1 everywhere. Other plans are rejected at start naming the call and field.
+Supported layouts: training and inference dp x tp (tp must divide the kv heads); generation dp x tp
+(vLLM's rules: tp divides the heads, kv heads are replicated when tp exceeds them); pp = 1 everywhere.
+Other plans are rejected at start naming the call and field.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ import torch
 
 from reallocation.estimator import LayoutLimits
 from reallocation.execution_plan import CALL_MODEL, CallAllocation, ExecutionPlan
-from reallocation.layout import ModelSpec
+from reallocation.layout import Holdings, ModelSpec
 from trainer.meshes import Grid, grid_groups, grid_of, leaders
 
 # Runtime steps that the plan does not name: old logprobs run on actor_train's devices.
@@ -67,7 +70,7 @@ class Event:
 
 
 # What check_supported lets through, for the plan search (``cluster.plan=search`` looks only at these).
-RUNTIME_LIMITS = LayoutLimits(pipeline=False, generation_tp=False, kv_replication=False)
+RUNTIME_LIMITS = LayoutLimits(pipeline=False, generation_tp=True, kv_replication=False)
 
 
 def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None = None) -> None:
@@ -75,7 +78,8 @@ def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None =
 
     ``specs`` (model name -> shape, as ``ExecutionPlan.validate`` takes them): also check that
     training and inference TP degrees divide the kv heads (``apply_tp`` shards k/v by head and
-    does not replicate them, as vLLM does when tp > num_kv_heads).
+    does not replicate them, as vLLM does when tp > num_kv_heads), and that vLLM can shard the
+    actor with generation's tp.
     """
     where = plan.origin or "plan"
     for name, alloc in plan.calls.items():
@@ -83,12 +87,14 @@ def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None =
             raise UnsupportedPlan(
                 f"{where}: calls.{name}.pp={alloc.pp}: the plan runtime does not run pipeline stages (pp must be 1)"
             )
-        if name == "actor_gen" and alloc.tp != 1:
-            raise UnsupportedPlan(
-                f"{where}: calls.actor_gen.tp={alloc.tp}: the plan runtime generates with tp=1 engines "
-                "(vLLM replicas); tensor-parallel generation is not wired"
-            )
         spec = (specs or {}).get(CALL_MODEL[name]) or (specs or {}).get("actor")
+        if name == "actor_gen" and spec is not None:
+            from reallocation.names import vllm_local_shapes
+
+            try:
+                vllm_local_shapes(spec, alloc.tp)
+            except ValueError as e:
+                raise UnsupportedPlan(f"{where}: calls.actor_gen.tp={alloc.tp}: {e} (vLLM's sharding)") from None
         if name in SHARDED_CALLS and spec is not None and spec.num_kv_heads % alloc.tp:
             raise UnsupportedPlan(
                 f"{where}: calls.{name}.tp={alloc.tp} does not divide num_key_value_heads={spec.num_kv_heads}: "
@@ -103,6 +109,18 @@ SHARDED_CALLS = ("actor_train", "critic_train", "ref_inf", "critic_inf")
 def grid(alloc: CallAllocation) -> Grid:
     """A call's devices as dp rows of tp devices (``trainer.meshes.grid_of``)."""
     return grid_of(alloc.devices, alloc.tp)
+
+
+def engine_holdings(plan: ExecutionPlan, spec: ModelSpec) -> Holdings:
+    """What each generation device's engine rank holds of the actor (HF name -> world rank -> box;
+    a device's world rank is its index in the plan's sorted devices): vLLM's TP boxes within each
+    generation row, the rows being replicas. A tp=1 engine holds every parameter in full."""
+    from reallocation.names import vllm_layout
+
+    devices = sorted({d for a in plan.calls.values() for d in a.devices})
+    rows = grid(plan.calls["actor_gen"])
+    ranks = tuple(devices.index(d) for row in rows for d in row)
+    return vllm_layout(len(rows[0]), len(rows), ranks).holdings(spec)
 
 
 def model_grids(plan: ExecutionPlan) -> dict[str, list[Grid]]:
@@ -243,17 +261,23 @@ class DeviceWorker:
         return getattr(self.workers[role], method)(*args, **kwargs)
 
     def reallocate(
-        self, src_role: str, dst_role: str, src_devices: Sequence[int], dst_devices: Sequence[int], to_engine: bool
+        self,
+        src_role: str,
+        dst_role: str,
+        src_devices: Sequence[int],
+        dst_devices: Sequence[int],
+        engine: Holdings | None = None,
     ) -> tuple[Any, tuple[dict[str, int], float, float]]:
         """Move ``src_role``'s training shards to the replicas on ``dst_devices`` (collective over the
-        union of both meshes): full models for the engines, the ``dst_role`` workers' own (FSDP/TP)
-        shards otherwise. A destination keeps what it already holds and receives the rest.
+        union of both meshes): the engine ranks' boxes ``engine`` (``engine_holdings``), or the
+        ``dst_role`` workers' own (FSDP/TP) shards. A destination keeps what it already holds and
+        receives the rest.
 
-        Returns (weights for the engine or None, ({bytes_received, bytes_sent, lower_bound}, start, end)).
-        With ``to_engine`` a destination returns its (HF name, tensor) pairs for the vLLM engine beside
-        it; otherwise it copies them into its ``dst_role`` worker's parameters.
+        Returns (engine shards or None, ({bytes_received, bytes_sent, lower_bound}, start, end)). For
+        an engine a destination returns its ``(HF name, full shape, box, shard)`` for the vLLM engine
+        rank beside it (``VLLMEngine.load_shards``); otherwise it copies the shards into its
+        ``dst_role`` worker's parameters.
         """
-        from reallocation.layout import full_box
         from reallocation.plan import lower_bound_bytes
         from reallocation.reshard import ReshardStats
         from reallocation.sync import drain, iter_plan_weights, plan_sync, source_shards
@@ -262,9 +286,14 @@ class DeviceWorker:
         group = self.groups[tuple(sorted(set(src_devices) | set(dst_devices)))]
         src_worker = self.workers.get(src_role) if self.device in src_devices else None
         src = source_shards(src_worker.model if src_worker is not None else {}, group)
+        to_engine = engine is not None
         dst_model = self.workers[dst_role].model if not to_engine and self.device in dst_devices else None
-        if to_engine:  # a tp=1 engine holds the full model
-            dst = {name: {self.rank_of[d]: full_box(shape) for d in dst_devices} for name, shape in src.shapes.items()}
+        if engine is not None:
+            if engine.keys() != src.shapes.keys():
+                raise ValueError(
+                    f"engine layout names {sorted(engine.keys() ^ src.shapes.keys())[:5]} differ from the model's"
+                )
+            dst = engine
         else:  # whatever the destination replicas' own (FSDP/TP) shards are
             dst = source_shards(dst_model if dst_model is not None else {}, group).holdings
         plan = plan_sync(src, dst)
@@ -275,8 +304,9 @@ class DeviceWorker:
         weights = None
         if self.device not in dst_devices:
             drain(pairs)
-        elif dst_model is None:  # to the engine beside this device
-            weights = [(name, tensor.cpu()) for name, tensor in pairs]
+        elif dst_model is None:  # to the engine rank beside this device
+            rank = self.rank_of[self.device]
+            weights = [(name, src.shapes[name], dst[name][rank], tensor.cpu()) for name, tensor in pairs]
         else:
             _copy_into(dst_model, pairs)
         itemsizes = {n: wire[n].itemsize for n in wire}
@@ -348,18 +378,24 @@ def _recipes(
 
 
 def _start_engines(pool: Any, plan: ExecutionPlan, backend: str, engine_kwargs: dict[str, Any]) -> bool:
-    """One vLLM engine beside each generation device; returns whether they sleep between calls
-    (GPU only: on GPUs that other calls use, vLLM gives its memory back to training)."""
+    """One vLLM engine rank beside each generation device (a row of tp devices is one engine);
+    returns whether they sleep between calls (GPU only: on GPUs that other calls use, vLLM gives its
+    memory back to training)."""
     from models.vllm_engine import VLLMEngine
 
-    gen = set(plan.calls["actor_gen"].devices)
+    alloc = plan.calls["actor_gen"]
+    gen = set(alloc.devices)
     if backend != "nccl":  # CPU: the engines share the 1 GiB KV cache one engine would have had
         engine_kwargs = {**engine_kwargs, "kv_cache_gib": max(0.25, 1.0 / len(gen))}
     others = {d for c, a in plan.calls.items() if c != "actor_gen" for d in a.devices}
     sleeps = backend == "nccl" and bool(gen & others)
-    pool.add_companions(
-        "engine", sorted(gen), VLLMEngine, {**engine_kwargs, "enable_sleep_mode": True} if sleeps else engine_kwargs
-    )
+    common = {**engine_kwargs, "tensor_parallel_size": alloc.tp, **({"enable_sleep_mode": True} if sleeps else {})}
+    per_device = {d: common for d in gen}
+    if alloc.tp > 1:  # each row's companions build one engine together, on a port of their own
+        for row in grid(alloc):
+            master = (pool.master_addr, pool.free_port())
+            per_device.update({d: {**common, "tp_rank": i, "tp_master": master} for i, d in enumerate(row)})
+    pool.add_companions("engine", sorted(gen), VLLMEngine, per_device.__getitem__)
     return sleeps
 
 
@@ -369,11 +405,15 @@ class PlanRuntime:
     Every call records an ``Event`` per device in ``events`` (the loop drains them each iteration).
     """
 
-    def __init__(self, plan: ExecutionPlan, pool: Any, reward: tuple[str, Any], ppo: Any, seed: int):
+    def __init__(
+        self, plan: ExecutionPlan, pool: Any, reward: tuple[str, Any], ppo: Any, seed: int, engine_boxes: Holdings
+    ):
         self.plan, self.pool, self.ppo, self.seed = plan, pool, ppo, seed
         self._reward_where, self._reward = reward
         self.events: list[Event] = []
         self.gen_devices = list(plan.calls["actor_gen"].devices)
+        self.gen_rows = grid(plan.calls["actor_gen"])
+        self.engine_boxes = engine_boxes
         self.engines_sleep = False
 
     @classmethod
@@ -395,7 +435,10 @@ class PlanRuntime:
     ) -> PlanRuntime:
         """Place one DeviceWorker per plan device (one placement group), build every model shard,
         start the vLLM engines beside the generation devices and the reward function."""
-        check_supported(plan)
+        from transformers import AutoConfig
+
+        actor_spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(policy_dir))
+        check_supported(plan, {"actor": actor_spec})
         devices = sorted({d for a in plan.calls.values() for d in a.devices})
         pool = cluster.device_pool(devices, plan.gpus_per_node)
         reward_kwargs = dict(reward_cfg=reward_cfg, tokenizer_dir=policy_dir)
@@ -430,7 +473,7 @@ class PlanRuntime:
             reward: tuple[str, Any] = ("device", plan.calls["rew_inf"].devices[0])
         else:  # the grader alone: no model, no device
             reward = ("actor", cluster.group(RewardWorker, 1, reward_kwargs, name="reward", distributed=False))
-        runtime = cls(plan, pool, reward, ppo, seed)
+        runtime = cls(plan, pool, reward, ppo, seed, engine_holdings(plan, actor_spec))
         runtime.engines_sleep = sleeps
         return runtime
 
@@ -452,21 +495,24 @@ class PlanRuntime:
     # -- calls ---------------------------------------------------------------------------------
 
     def generate(self, ids: list[list[int]], **sampling: Any) -> list[list[Any]]:
-        """actor_gen: the engine replicas split the prompts (data-parallel generation)."""
+        """actor_gen: the engine replicas (rows) split the prompts (data-parallel generation); every
+        TP rank of a replica runs its requests, and the row's first device reports."""
         from reallocation.ray_workers import wait
 
-        num = len(self.gen_devices)
+        num = len(self.gen_rows)
         chunks = [ids[i::num] for i in range(num)]
+        devices = [d for row in self.gen_rows for d in row]
         futures = [
             self.pool.submit_companion("engine", d, "generate", chunk, **sampling)
-            for d, chunk in zip(self.gen_devices, chunks)
+            for row, chunk in zip(self.gen_rows, chunks)
+            for d in row
         ]
-        outs = self._gather("actor_gen", self.gen_devices, futures)
+        outs = dict(zip(devices, self._gather("actor_gen", devices, futures)))
         if self.engines_sleep:  # GPU only: give the memory back to training until the next call
             wait([self.pool.submit_companion("engine", d, "sleep") for d in self.gen_devices])
         merged: list = [None] * len(ids)
-        for i, out in enumerate(outs):
-            merged[i::num] = out
+        for i, leader in enumerate(leaders(self.gen_rows)):
+            merged[i::num] = outs[leader]
         return merged
 
     def submit_reward(self, samples: list[Any]) -> tuple[str, list[int], list[Any], list[int]]:
@@ -516,7 +562,7 @@ class PlanRuntime:
         ]
         realloc = [self._submit_realloc("actor", calls["actor_train"], calls["actor_gen"], to_engine=True)]
         if critic_needs_realloc(self.plan):
-            realloc.append(self._submit_realloc("critic", calls["critic_train"], calls["critic_inf"], to_engine=False))
+            realloc.append(self._submit_realloc("critic", calls["critic_train"], calls["critic_inf"]))
         actor_stats, critic_stats = (self._gather(*p)[0] for p in pending)
         metrics: dict[str, float] = {}
         for name, gathered in realloc:
@@ -546,17 +592,17 @@ class PlanRuntime:
         ]
         return call, devices, futures
 
-    def _submit_realloc(self, role: str, src: CallAllocation, dst: CallAllocation, *, to_engine: bool):
+    def _submit_realloc(self, role: str, src: CallAllocation, dst: CallAllocation, *, to_engine: bool = False):
         """Start ``role``'s reallocation from ``src``'s layout to replicas on ``dst``'s devices; with
-        ``to_engine`` each destination passes its weights straight to its own vLLM engine."""
+        ``to_engine`` each destination passes its boxes straight to the engine rank beside it."""
         union = sorted(set(src.devices) | set(dst.devices))
-        dst_role = "engine" if to_engine else f"{role}_inf"
+        dst_role, boxes = ("engine", self.engine_boxes) if to_engine else (f"{role}_inf", None)
         infos, loads = [], []
         for d in union:
-            weights, info = self.pool.submit_split(d, "reallocate", role, dst_role, src.devices, dst.devices, to_engine)
+            weights, info = self.pool.submit_split(d, "reallocate", role, dst_role, src.devices, dst.devices, boxes)
             infos.append(info)
             if to_engine and d in dst.devices:
-                loads.append((d, self.pool.submit_companion_with("engine", d, "load_weights", weights)))
+                loads.append((d, self.pool.submit_companion_with("engine", d, "load_shards", weights)))
         return role, (union, infos, loads)
 
     def _finish_realloc(self, role: str, union: list[int], infos: list[Any], loads: list[Any]) -> dict[str, float]:
@@ -596,7 +642,7 @@ class PlanRuntime:
         role, gathered = self._submit_realloc("actor", calls["actor_train"], calls["actor_gen"], to_engine=True)
         out.update(self._finish_realloc(role, *gathered))
         if critic_needs_realloc(self.plan):
-            role, gathered = self._submit_realloc("critic", calls["critic_train"], calls["critic_inf"], to_engine=False)
+            role, gathered = self._submit_realloc("critic", calls["critic_train"], calls["critic_inf"])
             out.update(self._finish_realloc(role, *gathered))
         return out
 

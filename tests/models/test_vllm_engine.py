@@ -182,3 +182,71 @@ def test_cpu_kv_cache_sets_whole_gib_or_bytes_and_restores(monkeypatch):
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
     with _cpu_kv_cache(None, kwargs):  # on GPU, or no size asked for: the variable as it is
         assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
+
+
+def _tensor_parallel_rank(rank: int, port: int, model_dir: str, out_dir: str) -> None:
+    """One rank of a TP-2 engine (``external_launcher``): generation before and after loading only
+    this rank's own boxes of perturbed weights (``vllm_layout(2)``, as the plan runtime sends them)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from reallocation.layout import ModelSpec, local_slices
+    from reallocation.names import vllm_layout
+
+    torch.set_num_threads(1)
+    engine = VLLMEngine(
+        model_dir,
+        dtype="float32",
+        seed=0,
+        max_model_len=256,
+        tensor_parallel_size=2,
+        tp_rank=rank,
+        tp_master=("127.0.0.1", port),
+        kv_cache_gib=0.25,
+    )
+    sequences = [list(range(5, 45))]
+    before = engine.prompt_logprobs(sequences)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(model_dir))
+    full = model.state_dict()
+    shards = []
+    for name, boxes in vllm_layout(2).holdings(spec).items():
+        box = boxes[rank]
+        shards.append((name, tuple(full[name].shape), box, full[name][local_slices(box, ((0, 0),) * len(box))].clone()))
+    num_loaded = engine.load_shards(shards)
+    after = engine.prompt_logprobs(sequences)
+    sampled = engine.generate([list(range(5, 15))], temperature=1.0, max_new_tokens=12, seed=3)[0][0].token_ids
+    torch.save(
+        {
+            "before": before,
+            "after": after,
+            "reference": hf_logprobs(model, sequences),
+            "sampled": list(sampled),
+            "num_loaded": num_loaded,
+            "shard_numel": sum(t.numel() for *_, t in shards),
+            "full_numel": sum(t.numel() for t in full.values()),
+        },
+        f"{out_dir}/rank{rank}.pt",
+    )
+    engine.close()
+
+
+def test_tensor_parallel_engine_ranks_load_only_their_own_shards(tiny_model_dir, tmp_path):
+    """Two engine processes form a TP-2 engine; each is given only its own boxes of new weights (about
+    half the model each: the tiny model's one kv head and the norms are on both) and both then compute
+    the new model's logprobs, as transformers does, and sample the same tokens."""
+    import torch.multiprocessing as mp
+
+    from tests.conftest import free_port
+
+    mp.spawn(_tensor_parallel_rank, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for out in ranks:
+        assert out["num_loaded"] == 26  # every HF parameter of the tied 2-layer model
+        assert out["shard_numel"] < 0.6 * out["full_numel"]
+        assert max_abs_diff(out["after"], out["reference"]) < TOLERANCE
+        assert max_abs_diff(out["after"], out["before"]) > 0.01
+    assert ranks[0]["sampled"] == ranks[1]["sampled"]

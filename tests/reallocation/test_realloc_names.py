@@ -129,3 +129,16 @@ def test_names_match_a_real_vllm_engine(tmp_path):
     compared = [name for name, shape in got.items() if 0 not in shape]
     assert {name: got[name] for name in compared} == {name: want[name] for name in compared}
     assert "model.embed_tokens.weight" in compared  # (256, 128): vocab 200 padded to 64
+
+
+def test_checkpoint_shaped_puts_a_box_in_zeros_of_the_full_shape():
+    from reallocation.names import checkpoint_shaped
+
+    out = checkpoint_shaped(torch.tensor([[1.0, 2.0], [3.0, 4.0]]), ((2, 4), (0, 2)), (4, 2))
+    assert out.tolist() == [[0, 0], [0, 0], [1, 2], [3, 4]]
+    column = checkpoint_shaped(torch.tensor([[5.0], [6.0]]), ((0, 2), (1, 2)), (2, 3))  # a row-parallel piece
+    assert column.tolist() == [[0, 5, 0], [0, 6, 0]]
+    whole = torch.ones(2, 2)
+    assert checkpoint_shaped(whole, ((0, 2), (0, 2)), (2, 2)) is whole  # a full box goes in as it is
+    with pytest.raises(ValueError, match="does not fill box"):
+        checkpoint_shaped(torch.ones(3, 2), ((2, 4), (0, 2)), (4, 2))

@@ -204,6 +204,8 @@ def test_limits_keep_the_candidates_to_what_a_runtime_runs():
     node = tuple(range(8))
     assert {a.tp for a in strategies("actor_train", node, qwen, HW)} == {1, 2, 4}
     assert {a.tp for a in strategies("actor_train", node, no_repl, HW)} == {1, 2}
+    # Generation runs in vLLM, which replicates kv heads itself: tp 4 stays.
+    assert {a.tp for a in strategies("actor_gen", node, no_repl, HW)} == {1, 2, 4}
 
 
 def test_finer_micro_batches_only_where_nothing_coarser_fits():

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from reallocation.execution_plan import CallAllocation, ExecutionPlan
-from reallocation.layout import ModelSpec
+from reallocation.layout import ModelSpec, full_box
 from trainer.meshes import column_of, dp_index, grid_groups, grid_of, leaders
 from trainer.runtime import (
     Event,
@@ -15,6 +15,7 @@ from trainer.runtime import (
     _row_slices,
     check_supported,
     critic_needs_realloc,
+    engine_holdings,
     grid_on,
     mesh_groups,
     roles_on,
@@ -69,8 +70,8 @@ def test_colocated_plan_runs_critic_inference_on_the_training_shards():
 def test_unsupported_layouts_fail_naming_the_call():
     one = CallAllocation((0,))
     calls = dict(actor_train=one, critic_train=one, critic_inf=one, ref_inf=one)
-    with pytest.raises(UnsupportedPlan, match=r"calls.actor_gen.tp=2: the plan runtime generates with tp=1 engines"):
-        check_supported(_plan(actor_gen=CallAllocation((0, 1), tp=2), **calls))
+    gen_tp2 = _plan(actor_gen=CallAllocation((0, 1), tp=2), **calls)
+    check_supported(gen_tp2)  # generation TP runs (vLLM replicates the one kv head on both ranks)
     with pytest.raises(UnsupportedPlan, match=r"calls.ref_inf.pp=2: the plan runtime does not run pipeline stages"):
         check_supported(_plan(actor_gen=one, **{**calls, "ref_inf": CallAllocation((0, 1), pp=2)}))
     tp2 = _plan(actor_gen=one, **{**calls, "critic_train": CallAllocation((0, 1), tp=2)})
@@ -78,6 +79,33 @@ def test_unsupported_layouts_fail_naming_the_call():
     spec = ModelSpec(2, 128, 384, num_heads=2, num_kv_heads=1, head_dim=64, vocab_size=400, tie_word_embeddings=True)
     with pytest.raises(UnsupportedPlan, match=r"calls.critic_train.tp=2 does not divide num_key_value_heads=1"):
         check_supported(tp2, {"actor": spec, "critic": spec})
+    check_supported(gen_tp2, {"actor": spec, "critic": spec})
+    gen_tp3 = _plan(actor_gen=CallAllocation((0, 1, 2), tp=3), **calls)
+    with pytest.raises(UnsupportedPlan, match=r"calls.actor_gen.tp=3: tp=3 must divide num_heads=2"):
+        check_supported(gen_tp3, {"actor": spec})
+
+
+def test_engine_holdings_are_vllm_boxes_per_generation_row():
+    # 2 heads, 1 kv head, vocab 400 (vLLM pads it to 448: 224 rows per TP rank); generation on devices
+    # 5 and 4 as one TP-2 engine (a grid row is sorted: device 4 is TP rank 0), world rank = index in
+    # the plan's sorted devices 0..5.
+    spec = ModelSpec(2, 128, 384, num_heads=2, num_kv_heads=1, head_dim=64, vocab_size=400, tie_word_embeddings=True)
+    rest = CallAllocation((0, 1, 2, 3), dp=4)
+    plan = _plan(
+        actor_gen=CallAllocation((5, 4), tp=2), actor_train=rest, critic_train=rest, critic_inf=rest, ref_inf=rest
+    )
+    boxes = engine_holdings(plan, spec)
+    assert boxes["model.embed_tokens.weight"] == {4: ((0, 224), (0, 128)), 5: ((224, 400), (0, 128))}
+    assert boxes["model.layers.0.self_attn.q_proj.weight"] == {4: ((0, 64), (0, 128)), 5: ((64, 128), (0, 128))}
+    assert boxes["model.layers.0.self_attn.k_proj.weight"] == {4: ((0, 64), (0, 128)), 5: ((0, 64), (0, 128))}
+    assert boxes["model.layers.1.mlp.down_proj.weight"] == {4: ((0, 128), (0, 192)), 5: ((0, 128), (192, 384))}
+    assert boxes["model.norm.weight"] == {4: ((0, 128),), 5: ((0, 128),)}
+    # Two tp=1 replicas hold everything in full.
+    replicas = _plan(**{**plan.calls, "actor_gen": CallAllocation((4, 5), dp=2)})
+    assert engine_holdings(replicas, spec)["model.embed_tokens.weight"] == {
+        4: ((0, 400), (0, 128)),
+        5: ((0, 400), (0, 128)),
+    }
 
 
 TENSOR_PARALLEL = _plan(
@@ -145,6 +173,12 @@ def test_call_spans_and_timeline(tmp_path):
     assert out.exists() and out.stat().st_size > 1000 and not (tmp_path / "timeline.tmp.png").exists()
 
 
+def _actor_shapes(model_dir: str) -> dict[str, tuple[int, ...]]:
+    from transformers import AutoConfig
+
+    return ModelSpec.from_hf_config(AutoConfig.from_pretrained(model_dir)).shapes()
+
+
 def _reallocate(device: int, port: int, model_dir: str, out_dir: str) -> None:
     """One device worker of a 3-device world: the actor's FSDP shards on devices 0 and 1, its
     generation replicas on devices 1 and 2 (device 1 holds half and receives the other half)."""
@@ -154,7 +188,8 @@ def _reallocate(device: int, port: int, model_dir: str, out_dir: str) -> None:
     torch.set_num_threads(1)
     builders = {"actor": (PolicyWorker, {"model_dir": model_dir}, ((0,), (1,)))} if device < 2 else {}
     worker = DeviceWorker(device, (0, 1, 2), "127.0.0.1", port, "gloo", [(0, 1), (0, 1, 2)], "float32", builders)
-    weights, (counts, start, end) = worker.reallocate("actor", "engine", (0, 1), (1, 2), True)
+    engine = {name: {1: full_box(shape), 2: full_box(shape)} for name, shape in _actor_shapes(model_dir).items()}
+    weights, (counts, start, end) = worker.reallocate("actor", "engine", (0, 1), (1, 2), engine)
     torch.save({"weights": weights, "counts": counts}, f"{out_dir}/device{device}.pt")
     torch.distributed.destroy_process_group()
 
@@ -171,7 +206,7 @@ def test_reallocation_sends_each_replica_only_what_it_lacks(tiny_model_dir, tmp_
     total = sum(p.numel() * 4 for p in reference.values())
     assert out[0]["weights"] is None  # a source only
     for device in (1, 2):
-        got = dict(out[device]["weights"])
+        got = {name: shard for name, _, _, shard in out[device]["weights"]}
         assert got.keys() == reference.keys()
         assert all(torch.equal(got[n], p.detach()) for n, p in reference.items())
     received = [o["counts"]["bytes_received"] for o in out]
@@ -182,7 +217,11 @@ def test_reallocation_sends_each_replica_only_what_it_lacks(tiny_model_dir, tmp_
 
 def _reallocate_tp(device: int, port: int, model_dir: str, out_dir: str) -> None:
     """One device worker of a 4-device world: actor and critic trained as 2 FSDP x 2 TP; the
-    actor goes to engines on devices 1 and 2, the critic to one TP-2 inference replica on 2, 3."""
+    actor goes to tp=1 engines on devices 1 and 2 and then to one TP-2 engine on devices 2 and 3,
+    the critic to one TP-2 inference replica on 2, 3."""
+    from transformers import AutoConfig
+
+    from reallocation.names import vllm_layout
     from trainer.meshes import grid_groups
     from trainer.runtime import DeviceWorker
     from trainer.workers import CriticWorker, PolicyWorker, _full_state_dict
@@ -200,9 +239,13 @@ def _reallocate_tp(device: int, port: int, model_dir: str, out_dir: str) -> None
     with torch.no_grad():  # the training weights move away from what the replica loaded
         for param in worker.workers["critic"].model.parameters():
             param.to_local().add_(1.0)
-    weights, (actor_counts, _, _) = worker.reallocate("actor", "engine", (0, 1, 2, 3), (1, 2), True)
-    _, (critic_counts, _, _) = worker.reallocate("critic", "critic_inf", (0, 1, 2, 3), (2, 3), False)
-    out = {"weights": weights, "actor": actor_counts, "critic": critic_counts}
+    spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(model_dir))
+    replicas = vllm_layout(1, 2, ranks=(1, 2)).holdings(spec)
+    weights, (actor_counts, _, _) = worker.reallocate("actor", "engine", (0, 1, 2, 3), (1, 2), replicas)
+    tp_engine = vllm_layout(2, 1, ranks=(2, 3)).holdings(spec)
+    tp_shards, (tp_counts, _, _) = worker.reallocate("actor", "engine", (0, 1, 2, 3), (2, 3), tp_engine)
+    _, (critic_counts, _, _) = worker.reallocate("critic", "critic_inf", (0, 1, 2, 3), (2, 3))
+    out = {"weights": weights, "tp_shards": tp_shards, "actor": actor_counts, "tp": tp_counts, "critic": critic_counts}
     if device >= 2:
         out["critic_inf"] = _full_state_dict(worker.workers["critic_inf"].model, worker.workers["critic_inf"].ranks)
     torch.save(out, f"{out_dir}/device{device}.pt")
@@ -220,7 +263,7 @@ def test_reallocation_from_tensor_parallel_training_moves_the_lower_bound(tiny_k
     out = [torch.load(tmp_path / f"device{d}.pt") for d in range(4)]
     actor = dict(AutoModelForCausalLM.from_pretrained(model_dir).named_parameters())
     for device in (1, 2):  # each engine gets the whole actor, bit for bit
-        got = dict(out[device]["weights"])
+        got = {name: shard for name, _, _, shard in out[device]["weights"]}
         assert got.keys() == actor.keys() and all(torch.equal(got[n], p.detach()) for n, p in actor.items())
     config = AutoConfig.from_pretrained(model_dir, num_labels=1)
     critic = dict(AutoModelForTokenClassification.from_pretrained(model_dir, config=config).named_parameters())
@@ -229,7 +272,16 @@ def test_reallocation_from_tensor_parallel_training_moves_the_lower_bound(tiny_k
     for name, param in critic.items():  # the value head starts at zero, the backbone as loaded
         want = torch.ones_like(param) if name.startswith("score.") else param.detach() + 1.0
         assert torch.equal(got[name], want), name
-    for model in ("actor", "critic"):
+    # The TP-2 engine's ranks get their own vLLM boxes of the actor (the one kv head on both), nothing else.
+    for device in (2, 3):
+        for name, shape, box, shard in out[device]["tp_shards"]:
+            assert tuple(shape) == tuple(actor[name].shape)
+            assert torch.equal(shard, actor[name].detach()[tuple(slice(a, b) for a, b in box)]), (device, name)
+    q_box = {
+        d: dict((n, b) for n, _, b, _ in out[d]["tp_shards"])["model.layers.0.self_attn.q_proj.weight"] for d in (2, 3)
+    }
+    assert q_box[2][0] == (0, 64) and q_box[3][0] == (64, 128)  # 2 heads of 64: one each
+    for model in ("actor", "tp", "critic"):
         received = sum(o[model]["bytes_received"] for o in out)
         assert received == out[0][model]["lower_bound"] > 0, model
     # Engines on devices 1 and 2 hold part of the actor already; 0 and 3 are sources only.

@@ -8,7 +8,9 @@
   disjoint reference / critic inference meshes and 2 generation replicas beside 4-way FSDP
   training): bytes moved equal the lower bound, every call has its start/end, the timeline
   picture exists, and both plans give the same losses and metrics (placement must not change the
-  math; tolerance below).
+  math; tolerance below);
+- a tensor-parallel plan (training 2 FSDP x 2 TP, generation by one TP-2 vLLM engine) against the
+  heuristic plan, the same way.
 """
 
 from __future__ import annotations
@@ -173,7 +175,7 @@ num_nodes: 2
 gpus_per_node: 4
 source: test-tensor-parallel
 calls:
-  actor_gen: {devices: [0, 1], dp: 2}
+  actor_gen: {devices: [0, 1], tp: 2}
   actor_train: {devices: [0, 1, 2, 3], dp: 2, tp: 2}
   critic_train: {devices: [4, 5, 6, 7], dp: 2, tp: 2}
   critic_inf: {devices: [4, 5, 6, 7], dp: 4}
@@ -185,8 +187,9 @@ KV2 = "model.tiny.num_kv_heads=2"
 
 @pytest.mark.slow
 def test_tensor_parallel_plan_trains_like_the_heuristic_plan(cluster_address, tmp_path):
-    # Actor and critic trained as 2 FSDP x 2 TP, critic inference on 4 replicas of the same devices
-    # (a reallocation from the TP layout), reference inference on one TP-2 replica.
+    # Actor and critic trained as 2 FSDP x 2 TP, generation by one TP-2 vLLM engine (its two ranks fed
+    # their own boxes by the training ranks), critic inference on 4 replicas of the critic's devices (a
+    # reallocation from the TP layout), reference inference on one TP-2 replica.
     plan_path = tmp_path / "plan.yaml"
     plan_path.write_text(TENSOR_PARALLEL)
     heuristic = _train(cluster_address, tmp_path / "heuristic", KV2)
