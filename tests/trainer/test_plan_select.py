@@ -201,8 +201,8 @@ def test_search_returns_a_fitting_plan_within_its_budget_and_writes_it(tmp_path)
 @pytest.mark.parametrize("experiment", ["reward_paper_1.5b", "reward_paper_7b"])
 @pytest.mark.parametrize("cluster", ["gpu_1x8", "gpu_2x8"])
 def test_searched_recipe_plans_run_on_the_plan_runtime_and_beat_the_rule(experiment, cluster):
-    """The search looks only at layouts the runtime runs (no pp, no tensor-parallel generation, TP that
-    divides the kv heads), starts from the rule's plan as well, and so never returns a slower one. The 7B
+    """The search looks only at layouts the runtime runs (no pp; training and inference TP that divides
+    the kv heads), starts from the rule's plan as well, and so never returns a slower one. The 7B
     recipe (32,768 sequences per iteration) fits only with hundreds of micro-batches per training call."""
     from reallocation.estimator import estimate_plan, hardware
     from trainer.plan_select import heuristic_plan, workload

@@ -4,13 +4,13 @@
 - placement: one placement group, one worker per device on the node and GPU its plan names
   (checked from inside each actor), a companion (the vLLM engine's process) beside its device, and
   a plan that needs more devices than exist failing at once with both counts;
-- two PPO iterations through ``train.py`` under two plans (the default/heuristic one and one with
-  disjoint reference / critic inference meshes and 2 generation replicas beside 4-way FSDP
-  training): bytes moved equal the lower bound, every call has its start/end, the timeline
-  picture exists, and both plans give the same losses and metrics (placement must not change the
-  math; tolerance below);
-- a tensor-parallel plan (training 2 FSDP x 2 TP, generation by one TP-2 vLLM engine) against the
-  heuristic plan, the same way.
+- two PPO iterations through ``train.py`` under three plans (the heuristic one; one with disjoint
+  reference / critic inference meshes and 2 generation replicas beside 4-way FSDP training; a
+  tensor-parallel one: training 2 FSDP x 2 TP, generation by one TP-2 vLLM engine): bytes moved
+  equal the lower bound, every call has its start/end, the timeline picture exists, and all three
+  give the same losses and metrics (placement must not change the math; tolerance below).
+
+Not slow-marked: the default suite runs them (about 8 minutes on 2 cores).
 """
 
 from __future__ import annotations
@@ -60,7 +60,6 @@ def cluster_address():
         yield address
 
 
-@pytest.mark.slow
 def test_device_pool_places_each_device_on_its_node_and_gpu(cluster_address):
     from reallocation.ray_workers import RayCluster, wait
 
@@ -137,39 +136,6 @@ calls:
 """
 
 
-@pytest.mark.slow
-def test_two_plans_train_the_same_on_a_simulated_two_node_cluster(cluster_address, tmp_path):
-    plan_path = tmp_path / "plan.yaml"
-    plan_path.write_text(DISJOINT_INFERENCE)
-    runs = {
-        "default": _train(cluster_address, tmp_path / "default"),
-        "disjoint": _train(cluster_address, tmp_path / "disjoint", f"cluster.plan={plan_path}"),
-    }
-    for name, rows in runs.items():
-        run_dir = tmp_path / name
-        assert [r["iteration"] for r in rows] == [0, 1, 2]
-        placement = json.loads((run_dir / "placement.json").read_text())
-        for device, info in placement.items():
-            assert info["gpu_ids"] == [int(device) % GPUS_PER_NODE], (name, device, info)
-        assert (run_dir / "timeline.png").exists() and (run_dir / "plan.yaml").exists()
-        for row in rows[1:]:
-            for call in ("actor_gen", "actor_inf", "ref_inf", "critic_inf", "actor_train", "critic_train"):
-                assert row[f"call/{call}/start_s"] <= row[f"call/{call}/end_s"], (name, call)
-            for model in ("actor", "critic"):
-                if f"realloc/{model}/bytes_moved" in row:
-                    assert row[f"realloc/{model}/bytes_moved"] == row[f"realloc/{model}/lower_bound_bytes"]
-    disjoint = runs["disjoint"]
-    # 2 replicas beside 4 FSDP shards: each replica holds a quarter and receives the other three.
-    assert all(r["realloc/actor/bytes_moved"] > 0 and r["realloc/critic/bytes_moved"] > 0 for r in disjoint[1:])
-    # Reference and critic inference on their own devices ran while the actor computed its logprobs.
-    for row in disjoint[1:]:
-        assert row["call/ref_inf/start_s"] < row["call/actor_inf/end_s"]
-    assert all(0 < r["reward/success"] for r in disjoint[1:]) and any(r["actor/loss"] != 0 for r in disjoint[1:])
-    for a, b in zip(runs["default"][1:], disjoint[1:]):
-        for key in COMPARED:
-            assert b[key] == pytest.approx(a[key], rel=REL_TOLERANCE, abs=1e-6), (a["iteration"], key)
-
-
 TENSOR_PARALLEL = """\
 num_nodes: 2
 gpus_per_node: 4
@@ -185,22 +151,44 @@ calls:
 KV2 = "model.tiny.num_kv_heads=2"
 
 
-@pytest.mark.slow
-def test_tensor_parallel_plan_trains_like_the_heuristic_plan(cluster_address, tmp_path):
-    # Actor and critic trained as 2 FSDP x 2 TP, generation by one TP-2 vLLM engine (its two ranks fed
-    # their own boxes by the training ranks), critic inference on 4 replicas of the critic's devices (a
-    # reallocation from the TP layout), reference inference on one TP-2 replica.
-    plan_path = tmp_path / "plan.yaml"
-    plan_path.write_text(TENSOR_PARALLEL)
-    heuristic = _train(cluster_address, tmp_path / "heuristic", KV2)
-    tp = _train(cluster_address, tmp_path / "tp", KV2, f"cluster.plan={plan_path}")
-    assert [r["iteration"] for r in tp] == [0, 1, 2]
-    placement = json.loads((tmp_path / "tp" / "placement.json").read_text())
-    assert placement["6"]["roles"] == ["critic", "critic_inf", "ref"]
-    for row in tp[1:]:
+def _check_run(name: str, run_dir: Path, rows: list[dict]) -> None:
+    """What every plan's run must show: both iterations, every device on the GPU its plan names,
+    the plan and timeline files, every call's span, and reallocations moving their lower bounds."""
+    assert [r["iteration"] for r in rows] == [0, 1, 2], name
+    placement = json.loads((run_dir / "placement.json").read_text())
+    for device, info in placement.items():
+        assert info["gpu_ids"] == [int(device) % GPUS_PER_NODE], (name, device, info)
+    assert (run_dir / "timeline.png").exists() and (run_dir / "plan.yaml").exists()
+    for row in rows[1:]:
+        for call in ("actor_gen", "actor_inf", "ref_inf", "critic_inf", "actor_train", "critic_train"):
+            assert row[f"call/{call}/start_s"] <= row[f"call/{call}/end_s"], (name, call)
         for model in ("actor", "critic"):
-            assert row[f"realloc/{model}/bytes_moved"] == row[f"realloc/{model}/lower_bound_bytes"] > 0, model
-    assert all(0 < r["reward/success"] for r in tp[1:]) and any(r["actor/loss"] != 0 for r in tp[1:])
-    for a, b in zip(heuristic[1:], tp[1:]):
-        for key in COMPARED:
-            assert b[key] == pytest.approx(a[key], rel=REL_TOLERANCE, abs=1e-6), (a["iteration"], key)
+            if f"realloc/{model}/bytes_moved" in row:
+                assert row[f"realloc/{model}/bytes_moved"] == row[f"realloc/{model}/lower_bound_bytes"], (name, model)
+    assert all(0 < r["reward/success"] for r in rows[1:]) and any(r["actor/loss"] != 0 for r in rows[1:]), name
+
+
+def test_three_plans_train_the_same_on_a_simulated_two_node_cluster(cluster_address, tmp_path):
+    """Two PPO iterations through train.py under the heuristic plan, a plan with disjoint inference
+    meshes (reference, critic inference and 2 generation replicas on devices of their own), and a
+    tensor-parallel plan (actor and critic trained as 2 FSDP x 2 TP, generation by one TP-2 vLLM
+    engine whose two ranks get their own boxes from the training ranks, critic inference on 4 replicas
+    of the critic's devices, reference inference on one TP-2 replica). All on the tiny model with 2 kv
+    heads (training TP shards k/v by head; the default tiny model has one)."""
+    runs = {"heuristic": _train(cluster_address, tmp_path / "heuristic", KV2)}
+    for name, text in (("disjoint", DISJOINT_INFERENCE), ("tp", TENSOR_PARALLEL)):
+        (tmp_path / f"{name}.yaml").write_text(text)
+        runs[name] = _train(cluster_address, tmp_path / name, KV2, f"cluster.plan={tmp_path / name}.yaml")
+    for name, rows in runs.items():
+        _check_run(name, tmp_path / name, rows)
+    disjoint, tp = runs["disjoint"], runs["tp"]
+    # 2 replicas beside 4 FSDP shards: each replica holds a quarter and receives the other three.
+    assert all(r["realloc/actor/bytes_moved"] > 0 and r["realloc/critic/bytes_moved"] > 0 for r in disjoint[1:])
+    # Reference and critic inference on their own devices ran while the actor computed its logprobs.
+    assert all(row["call/ref_inf/start_s"] < row["call/actor_inf/end_s"] for row in disjoint[1:])
+    assert json.loads((tmp_path / "tp" / "placement.json").read_text())["6"]["roles"] == ["critic", "critic_inf", "ref"]
+    assert all(r["realloc/actor/bytes_moved"] > 0 and r["realloc/critic/bytes_moved"] > 0 for r in tp[1:])
+    for other in (disjoint, tp):  # placement must not change the math
+        for a, b in zip(runs["heuristic"][1:], other[1:]):
+            for key in COMPARED:
+                assert b[key] == pytest.approx(a[key], rel=REL_TOLERANCE, abs=1e-6), (a["iteration"], key)
