@@ -47,3 +47,40 @@ class RewardBatch:
 
 class RewardFn(Protocol):
     def __call__(self, samples: Sequence[RewardSample]) -> RewardBatch: ...
+
+
+# Batch means taken over steps rather than responses (merged weighted by each part's number of steps).
+STEP_METRICS = ("reward/step_score", "reward/zero_clip_fraction")
+
+
+def merge_reward_batches(parts: Sequence[RewardBatch]) -> RewardBatch:
+    """One ``RewardBatch`` for the concatenated responses of ``parts`` (reward replicas that each scored
+    a contiguous slice of one batch): tensors and lists concatenated, token rewards zero-padded to the
+    longest response, and the batch means re-weighted: by responses, by steps for ``STEP_METRICS``;
+    ``reward/eta`` must agree. Worked example: parts of 1 and 3 responses with ``reward/success`` 1.0
+    and 0.0 merge to 0.25.
+    """
+    parts = [p for p in parts if len(p.success)] or list(parts[:1])
+    if len(parts) == 1:
+        return parts[0]
+    num_tokens = max(p.token_rewards.shape[1] for p in parts)
+    padded = [torch.nn.functional.pad(p.token_rewards, (0, num_tokens - p.token_rewards.shape[1])) for p in parts]
+    metrics: dict[str, float] = {}
+    for key in dict.fromkeys(k for p in parts for k in p.metrics):
+        present = [p for p in parts if key in p.metrics]
+        if key == "reward/eta":
+            if len({p.metrics[key] for p in present}) > 1:
+                raise ValueError(f"reward replicas disagree on reward/eta: {[p.metrics[key] for p in present]}")
+            metrics[key] = present[0].metrics[key]
+            continue
+        weights = [sum(map(len, p.step_scores)) if key in STEP_METRICS else len(p.success) for p in present]
+        metrics[key] = sum(w * p.metrics[key] for w, p in zip(weights, present)) / max(sum(weights), 1)
+    return RewardBatch(
+        token_rewards=torch.cat(padded),
+        success=torch.cat([p.success for p in parts]),
+        learned=torch.cat([p.learned for p in parts]),
+        step_scores=[c for p in parts for c in p.step_scores],
+        num_steps=torch.cat([p.num_steps for p in parts]),
+        extracted=[e for p in parts for e in p.extracted],
+        metrics=metrics,
+    )

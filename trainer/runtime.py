@@ -9,7 +9,8 @@ Deployment (``PlanRuntime.start``)::
                      critic_inf the same devices and layout: sharded forward = inference)
         "critic_inf" CriticWorker replicas over critic_inf's grid, when its devices or layout differ
         "ref"        RefWorker replicas over ref_inf's grid
-        "reward"     the reward function with its reward model, on rew_inf's first device
+        "reward"     the reward function with its reward model, one replica per rew_inf row (on the
+                     row's first device: reward models are not sharded)
     one vLLM engine rank per actor_gen device, a companion process in the same bundle (vLLM
     builds its own torch.distributed world, so it cannot live inside the device worker's); with
     tp > 1 the tp companions of a generation row form one engine (vLLM's external_launcher)
@@ -32,8 +33,9 @@ bound), and passes an engine rank's boxes to the engine process beside it (``VLL
 Each call reports its start and end per device (``Event``) for the metrics and the timeline picture.
 
 Supported layouts: training and inference dp x tp (tp must divide the kv heads); generation dp x tp
-(vLLM's rules: tp divides the heads, kv heads are replicated when tp exceeds them); pp = 1 everywhere.
-Other plans are rejected at start naming the call and field.
+(vLLM's rules: tp divides the heads, kv heads are replicated when tp exceeds them); reward inference
+dp (one unsharded replica per row); pp = 1 everywhere. Other plans are rejected at start naming the
+call and field.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ import torch
 from reallocation.estimator import LayoutLimits
 from reallocation.execution_plan import CALL_MODEL, CallAllocation, ExecutionPlan
 from reallocation.layout import Holdings, ModelSpec
+from rewards.types import merge_reward_batches
 from trainer.meshes import Grid, grid_groups, grid_of, leaders
 
 # Runtime steps that the plan does not name: old logprobs run on actor_train's devices.
@@ -123,6 +126,11 @@ def engine_holdings(plan: ExecutionPlan, spec: ModelSpec) -> Holdings:
     return vllm_layout(len(rows[0]), len(rows), ranks).holdings(spec)
 
 
+def reward_devices(plan: ExecutionPlan) -> list[int]:
+    """Where the reward replicas sit: the first device of each rew_inf row (none without rew_inf)."""
+    return leaders(grid(plan.calls["rew_inf"])) if "rew_inf" in plan.calls else []
+
+
 def model_grids(plan: ExecutionPlan) -> dict[str, list[Grid]]:
     """Role -> the grids its model instances are sharded over: one grid per training model, one
     single-row grid per inference replica (a replica is one TP group)."""
@@ -176,7 +184,7 @@ def roles_on(plan: ExecutionPlan, device: int) -> list[str]:
         roles.append("critic_inf")
     if device in calls["ref_inf"].devices:
         roles.append("ref")
-    if "rew_inf" in calls and device == calls["rew_inf"].devices[0]:
+    if device in reward_devices(plan):
         roles.append("reward")
     return roles
 
@@ -197,6 +205,10 @@ class RewardWorker:
 
     def set_eta(self, eta: float) -> None:
         self.fn.set_eta(eta)
+
+    def eta(self) -> float | None:
+        """The Clip threshold in use (after the first call: calibrated), or None for rewards without one."""
+        return getattr(self.fn, "eta", None)
 
 
 class DeviceWorker:
@@ -410,6 +422,7 @@ class PlanRuntime:
     ):
         self.plan, self.pool, self.ppo, self.seed = plan, pool, ppo, seed
         self._reward_where, self._reward = reward
+        self._reward_calls = 0
         self.events: list[Event] = []
         self.gen_devices = list(plan.calls["actor_gen"].devices)
         self.gen_rows = grid(plan.calls["actor_gen"])
@@ -470,7 +483,7 @@ class PlanRuntime:
         pool.build(DeviceWorker, kwargs_of)
         sleeps = _start_engines(pool, plan, backend, engine_kwargs)
         if "rew_inf" in plan.calls:
-            reward: tuple[str, Any] = ("device", plan.calls["rew_inf"].devices[0])
+            reward: tuple[str, Any] = ("device", reward_devices(plan))
         else:  # the grader alone: no model, no device
             reward = ("actor", cluster.group(RewardWorker, 1, reward_kwargs, name="reward", distributed=False))
         runtime = cls(plan, pool, reward, ppo, seed, engine_holdings(plan, actor_spec))
@@ -516,11 +529,30 @@ class PlanRuntime:
         return merged
 
     def submit_reward(self, samples: list[Any]) -> tuple[str, list[int], list[Any], list[int]]:
-        """rew_inf on its device, or the grader-only reward actor (device -1: it holds no device)."""
+        """rew_inf: the reward replicas each score a contiguous slice of the samples (merged by
+        ``merge_reward_batches``), or the grader-only reward actor (device -1: it holds no device).
+
+        The first call goes to the first replica alone, whole, so that a Clip threshold calibrated on the
+        first rollouts is calibrated on all of them; ``share_reward_state`` then hands it to the others.
+        """
+        self._reward_calls += 1
         if self._reward_where == "device":
-            future = self.pool.submit(self._reward, "call", "reward", "score", samples)
-            return "rew_inf", [self._reward], [future], [self._reward]
+            devices = self._reward if self._reward_calls > 1 else self._reward[:1]
+            bounds = torch.arange(len(samples)).tensor_split(len(devices))
+            futures = [
+                self.pool.submit(d, "call", "reward", "score", samples[int(b[0]) : int(b[-1]) + 1] if len(b) else [])
+                for d, b in zip(devices, bounds)
+            ]
+            return "rew_inf", list(devices), futures, list(devices)
         return "reward", [-1], self._reward.submit_timed("score", samples), [-1]
+
+    def share_reward_state(self) -> None:
+        """After the first reward call: every replica uses the first replica's Clip threshold."""
+        if self._reward_where != "device" or self._reward_calls != 1 or len(self._reward) == 1:
+            return
+        eta = self.on_reward("eta")
+        if eta is not None:
+            self.on_reward("set_eta", eta)
 
     def _data_parallel(self, call: str, role: str, method: str, alloc: CallAllocation, batch: Mapping[str, Any]):
         """Submit ``method`` on each device of ``alloc`` with its replica's row slice of ``batch``
@@ -549,7 +581,11 @@ class PlanRuntime:
         out: dict[str, Any] = {}
         for key, (call, devices, futures, keep) in pending.items():
             parts = dict(zip(devices, self._gather(call, devices, futures)))
-            out[key] = parts[keep[0]] if key == "reward" else torch.cat([parts[d] for d in keep], dim=0)
+            if key == "reward":
+                out[key] = merge_reward_batches([parts[d] for d in keep])
+            else:
+                out[key] = torch.cat([parts[d] for d in keep], dim=0)
+        self.share_reward_state()
         return out
 
     def update(self, batch: Mapping[str, torch.Tensor], iteration: int) -> tuple[dict, dict, dict[str, float]]:
@@ -631,6 +667,7 @@ class PlanRuntime:
         return [v for v, _, _ in wait([self.pool.submit(d, "call", role, method, *args) for d in devices])]
 
     def on_reward(self, method: str, *args: Any) -> Any:
+        """``method`` on every reward replica; the first one's result."""
         if self._reward_where == "device":
             return self.on_role("reward", method, *args)[0]
         return self._reward.call(method, *args)[0]

@@ -252,3 +252,50 @@ def test_step_layout_pads_to_the_most_steps():
     assert end_index.tolist() == [[2, 5], [4, 0], [0, 0]]
     assert mask.tolist() == [[True, True], [True, False], [False, False]]
     assert [t.shape for t in step_layout([])] == [(0,), (0, 0), (0, 0)]
+
+
+@pytest.mark.parametrize("refinement", [Refinement.none, Refinement.clip_delta])
+def test_reward_replicas_merged_equal_one_reward_call(tok, refinement):
+    """The plan runtime splits a batch over rew_inf replicas and merges their RewardBatches: the merge
+    equals scoring the whole batch at once (token rewards padded to the longest response overall, means
+    re-weighted by responses or, for the step metrics, by steps)."""
+    from rewards.types import merge_reward_batches
+
+    batch = [
+        sample(tok, [STEP_1, STEP_2, ANSWER]),
+        sample(tok, [ANSWER]),
+        sample(tok, [STEP_1, "12 * 3 = 35", ANSWER]),
+        sample(tok, [STEP_1]),
+        sample(tok, ["", STEP_2, ANSWER]),
+    ]
+    whole = prm_reward(tok, refinement)(batch)
+    reward = prm_reward(tok, refinement)
+    merged = merge_reward_batches([reward(batch[:1]), reward(batch[1:4]), reward(batch[4:])])
+    assert torch.equal(merged.token_rewards, whole.token_rewards)
+    for field in ("success", "learned", "num_steps"):
+        assert torch.equal(getattr(merged, field), getattr(whole, field)), field
+    assert merged.step_scores == whole.step_scores and merged.extracted == whole.extracted
+    assert merged.metrics.keys() == whole.metrics.keys()
+    for key, value in whole.metrics.items():
+        assert merged.metrics[key] == pytest.approx(value, rel=1e-6), key
+
+
+def test_merge_reward_batches_worked_example_and_disagreeing_eta():
+    from rewards.types import RewardBatch, merge_reward_batches
+
+    def part(success, eta):
+        n = len(success)
+        return RewardBatch(
+            torch.zeros(n, 2),
+            torch.tensor(success),
+            torch.zeros(n),
+            [[]] * n,
+            torch.ones(n),
+            [None] * n,
+            {"reward/success": sum(success) / n, "reward/eta": eta},
+        )
+
+    merged = merge_reward_batches([part([1.0], 0.5), part([0.0, 0.0, 0.0], 0.5)])
+    assert merged.metrics == {"reward/success": 0.25, "reward/eta": 0.5}
+    with pytest.raises(ValueError, match="disagree on reward/eta"):
+        merge_reward_batches([part([1.0], 0.5), part([0.0], 0.6)])

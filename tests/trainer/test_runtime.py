@@ -18,6 +18,7 @@ from trainer.runtime import (
     engine_holdings,
     grid_on,
     mesh_groups,
+    reward_devices,
     roles_on,
 )
 from trainer.timeline import call_spans, plot_timeline
@@ -83,6 +84,13 @@ def test_unsupported_layouts_fail_naming_the_call():
     gen_tp3 = _plan(actor_gen=CallAllocation((0, 1, 2), tp=3), **calls)
     with pytest.raises(UnsupportedPlan, match=r"calls.actor_gen.tp=3: tp=3 must divide num_heads=2"):
         check_supported(gen_tp3, {"actor": spec})
+
+
+def test_reward_replicas_sit_on_the_first_device_of_each_rew_inf_row():
+    plan = _plan(**{**DISJOINT.calls, "rew_inf": CallAllocation((7, 4, 5, 6), dp=2, tp=2)})
+    assert reward_devices(plan) == [4, 6]
+    assert "reward" in roles_on(plan, 6) and "reward" not in roles_on(plan, 5)
+    assert reward_devices(_plan(**{k: v for k, v in DISJOINT.calls.items() if k != "rew_inf"})) == []
 
 
 def test_engine_holdings_are_vllm_boxes_per_generation_row():
