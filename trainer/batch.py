@@ -88,3 +88,41 @@ def update_rows(
 def update_seed(seed: int, num_updates: int) -> int:
     """The ``update_rows`` seed of a model's ``num_updates``-th update (resumed runs shuffle the same way)."""
     return seed * 1_000_003 + num_updates * 1_009
+
+
+def trim_padding(batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """The same rows without the columns that are padding in every row.
+
+    Drops the leading prompt columns where ``attention_mask`` is 0 in every row and the trailing
+    response columns where ``response_mask`` is 0 in every row (at least one response column is
+    kept). [B, L] tensors lose both ends, [B, T] tensors the trailing end, anything else is kept as
+    it is. A model computes the same thing for every real token either way: the dropped columns are
+    masked out of attention and of every loss, and positions come from ``position_ids`` (sliced,
+    or derived from the sliced mask, which left padding does not shift). What changes is the work:
+    a minibatch whose longest prompt and longest response are shorter than the whole batch's costs
+    less. Example: prompts of 2 and 3 tokens left-padded to P = 5 and responses of 1 and 2 tokens
+    right-padded to T = 4 give L = 9 -> 5 columns (3 prompt, 2 response) and T = 4 -> 2.
+    """
+    mask_BL, mask_BT = batch["attention_mask"], batch["response_mask"]
+    L, T = mask_BL.shape[1], mask_BT.shape[1]
+    prompt_cols = mask_BL[:, : L - T].any(dim=0).nonzero()
+    first = int(prompt_cols[0]) if len(prompt_cols) else L - T
+    response_cols = mask_BT.any(dim=0).nonzero()
+    num_kept = int(response_cols[-1]) + 1 if len(response_cols) else 1
+    if first == 0 and num_kept == T:
+        return dict(batch)
+    end = L - T + num_kept
+    out = {}
+    for key, value in batch.items():
+        if value.dim() >= 2 and value.shape[1] == L:
+            out[key] = value[:, first:end]
+        elif value.dim() >= 2 and value.shape[1] == T:
+            out[key] = value[:, :num_kept]
+        else:
+            out[key] = value
+    return out
+
+
+def pad_response_columns(x_BT: Tensor, num_response_cols: int) -> Tensor:
+    """``x_BT`` [B, T'] zero-padded on the right to [B, num_response_cols] (undoes ``trim_padding``'s cut)."""
+    return torch.nn.functional.pad(x_BT, (0, num_response_cols - x_BT.shape[1]))

@@ -227,11 +227,12 @@ def response_values(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
 
 
 def _response_logprobs(model: nn.Module, ranks: Ranks, batch: Mapping[str, Tensor], temperature: float) -> Tensor:
-    batch = _to_device(batch, ranks.device)
+    T = batch["response_mask"].shape[1]
+    batch = _to_device(B.trim_padding(batch), ranks.device)
     with torch.no_grad(), ranks.autocast():
         logits_BTV = response_logits(model, batch)
         logprobs_BT = logprobs_from_logits(logits_BTV, B.response_tokens(batch), temperature)
-    return (logprobs_BT * batch["response_mask"]).cpu()
+    return B.pad_response_columns((logprobs_BT * batch["response_mask"]).cpu(), T)
 
 
 def _in_chunks(fn, batch: Mapping[str, Tensor], num_microbatches: int) -> Tensor:
@@ -337,7 +338,9 @@ class _Trainer:
             offset += size
             num_tokens = self.ranks.all_reduce_sum(minibatch["response_mask"].sum().float())
             for micro_rows in torch.arange(size).tensor_split(min(num_microbatches, size)):
-                micro = {k: v[int(micro_rows[0]) : int(micro_rows[-1]) + 1] for k, v in minibatch.items()}
+                micro = B.trim_padding(
+                    {k: v[int(micro_rows[0]) : int(micro_rows[-1]) + 1] for k, v in minibatch.items()}
+                )
                 with self.ranks.autocast():
                     loss, stats = loss_fn(micro, num_tokens)
                 # FSDP averages gradients over dp ranks; our loss is this rank's share of a sum.
@@ -579,10 +582,11 @@ class CriticWorker:
         return _in_chunks(self._values, batch, num_microbatches)
 
     def _values(self, batch: Mapping[str, Tensor]) -> Tensor:
-        batch = _to_device(batch, self.ranks.device)
+        T = batch["response_mask"].shape[1]
+        batch = _to_device(B.trim_padding(batch), self.ranks.device)
         with torch.no_grad(), self.ranks.autocast():
             values_BT = response_values(self.model, batch)
-        return (values_BT * batch["response_mask"]).cpu()
+        return B.pad_response_columns((values_BT * batch["response_mask"]).cpu(), T)
 
     def _value_loss(
         self, minibatch: Mapping[str, Tensor], num_tokens: Tensor, clip_range: float | None

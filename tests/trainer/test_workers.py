@@ -360,3 +360,34 @@ def test_dp2_x_tp2_ranks_match_one_unsharded_process(tiny_kv2_model_dir, tmp_pat
         torch.testing.assert_close(ranks[0]["policy_state"][name], tensor, atol=1e-4, rtol=1e-4, msg=name)
     for name, tensor in _full_state_dict(critic.model, critic.ranks).items():
         torch.testing.assert_close(ranks[0]["critic_state"][name], tensor, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def test_columns_that_are_padding_in_every_row_change_nothing(tiny_model_dir):
+    """Workers cut all-padding columns (trainer.batch.trim_padding) before each forward: the same
+    batch with 3 more prompt and 2 more response columns of padding gives the same logprobs, values
+    and update, and the outputs keep the caller's width."""
+    batch = make_batch()
+    pad = lambda x, left, right: torch.nn.functional.pad(x, (left, right), value=0)  # noqa: E731
+    wide = {key: pad(value, 3, 0) if key != "response_mask" else value for key, value in batch.items()}
+    wide = {key: pad(value, 0, 2) for key, value in wide.items()}
+    T = batch["response_mask"].shape[1]
+    policy = PolicyWorker(model_dir=str(tiny_model_dir), ppo=PPO)
+    logprobs, wide_logprobs = policy.compute_logprobs(batch), policy.compute_logprobs(wide)
+    assert wide_logprobs.shape == (len(logprobs), T + 2)
+    torch.testing.assert_close(wide_logprobs[:, :T], logprobs, atol=1e-6, rtol=0)
+    assert (wide_logprobs[:, T:] == 0).all()
+
+    critic = CriticWorker(model_dir=str(tiny_model_dir))
+    with torch.no_grad():
+        critic.model.score.weight.normal_()
+    torch.testing.assert_close(critic.compute_values(wide)[:, :T], critic.compute_values(batch), atol=1e-6, rtol=0)
+
+    fields = add_ppo_fields(batch, logprobs, torch.zeros_like(logprobs))
+    wide_fields = {**wide, **{k: pad(fields[k], 0, 2) for k in ("old_logprobs", "advantages", "values", "returns")}}
+    other = PolicyWorker(model_dir=str(tiny_model_dir), ppo=PPO)
+    stats, wide_stats = policy.update(fields), other.update(wide_fields)
+    assert stats.keys() == wide_stats.keys()
+    for key in stats:
+        assert abs(stats[key] - wide_stats[key]) <= 1e-5 * max(1.0, abs(stats[key])), key
+    for (name, p), q in zip(policy.model.named_parameters(), other.model.parameters()):
+        torch.testing.assert_close(p, q, atol=1e-6, rtol=0, msg=name)
