@@ -393,6 +393,9 @@ def generate(run: Run, it: int) -> list[Rollout]:
         top_p=r.top_p,
         max_new_tokens=r.max_new_tokens,
         seed=cfg.run.seed * 100003 + it,
+        # The old logprobs come from the training model (actor_inf); vLLM's own would cost a third of
+        # generation on CPU (it detokenizes every sampled token's logprob entry) and go unused.
+        logprobs=False,
     )
     return [Rollout(p, run.prompt_tokens[p.id], run.prompts[p.id], c) for p, cs in zip(problems, outs) for c in cs]
 

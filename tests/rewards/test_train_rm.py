@@ -350,3 +350,12 @@ def test_prm_solution_score_is_its_lowest_step_across_windows():
     assert metrics["final_auc"] == 0.5  # last reads 0.9 | 0.95, 0.7: beats one of two negatives
     assert metrics["final_min_auc"] == 1.0  # lowest steps 0.8 | 0.2, 0.1 (C's low score is in its first window)
     assert metrics["num_heldout_steps"] == 6  # 2 + 2 + 1 + 1 reads
+
+
+def test_num_steps_default_per_kind():
+    """The ORM (one label per response) trains longer than the PRM; an explicit count wins."""
+    assert RMTrainConfig(kind=RMKind.prm).num_steps == 1600
+    assert RMTrainConfig(kind=RMKind.orm).num_steps == 2800
+    assert RMTrainConfig(kind=RMKind.orm, num_steps=900).num_steps == 900
+    with pytest.raises(ValueError, match="num_steps"):
+        RMTrainConfig(num_steps=-1)
