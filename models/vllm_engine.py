@@ -316,8 +316,10 @@ class VLLMEngine:
         seed: int | None = None,
         logprobs: bool = True,
         stop: Sequence[str] | None = None,
+        report: bool = True,
     ) -> list[list[Completion]]:
-        """For each prompt, ``n`` completions.
+        """For each prompt, ``n`` completions (none with ``report=False``: a tensor-parallel rank other
+        than its engine's first runs the same requests, and its identical copy need not travel).
 
         ``prompts``: formatted strings or token-id lists. ``temperature=0`` is greedy (then top_p
         is ignored). ``seed`` (default: the engine's seed) and the prompt's own content seed each
@@ -348,6 +350,8 @@ class VLLMEngine:
             for prompt in token_prompts
         ]
         outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
+        if not report:
+            return []
         return [[self._completion(c, logprobs) for c in out.outputs] for out in outputs]
 
     @staticmethod

@@ -509,14 +509,14 @@ class PlanRuntime:
 
     def generate(self, ids: list[list[int]], **sampling: Any) -> list[list[Any]]:
         """actor_gen: the engine replicas (rows) split the prompts (data-parallel generation); every
-        TP rank of a replica runs its requests, and the row's first device reports."""
+        TP rank of a replica runs its requests, and only the row's first device sends them back."""
         from reallocation.ray_workers import wait
 
         num = len(self.gen_rows)
         chunks = [ids[i::num] for i in range(num)]
         devices = [d for row in self.gen_rows for d in row]
         futures = [
-            self.pool.submit_companion("engine", d, "generate", chunk, **sampling)
+            self.pool.submit_companion("engine", d, "generate", chunk, report=d == row[0], **sampling)
             for row, chunk in zip(self.gen_rows, chunks)
             for d in row
         ]

@@ -68,6 +68,12 @@ def test_generate_returns_n_completions_with_logprobs(engine, prompt):
         [engine.tokenizer.encode(prompt, add_special_tokens=False)], n=3, temperature=1.0, max_new_tokens=12, seed=1
     )
     assert [c.token_ids for c in again[0]] == [c.token_ids for c in outs[0]]
+    # Without logprobs (what rollouts ask for: the trainer recomputes them) the samples are the same.
+    plain = engine.generate([prompt], n=3, temperature=1.0, max_new_tokens=12, seed=1, logprobs=False)
+    assert [c.token_ids for c in plain[0]] == [c.token_ids for c in outs[0]]
+    assert all(c.logprobs is None for c in plain[0])
+    # A TP rank that is not its engine's first runs the requests and sends nothing back.
+    assert engine.generate([prompt], n=3, temperature=1.0, max_new_tokens=12, seed=1, report=False) == []
 
 
 def test_greedy_logprobs_match_scoring_the_same_sequence(engine, prompt):
