@@ -113,6 +113,12 @@ class _Host:
         """(Ray node id, GPU ids, pid) as seen from inside this actor."""
         return ray.get_runtime_context().get_node_id(), tuple(int(g) for g in ray.get_gpu_ids()), os.getpid()
 
+    def rendezvous(self) -> tuple[str, int]:
+        """This node's address and a port free on it: where a process group whose rank 0 runs in
+        this actor listens (on a multi-node cluster the driver's host is not that node)."""
+        host = ray.util.get_node_ip_address()
+        return host, _free_port(host)
+
     def check_placement(self, node_id: str, gpu_ids: tuple[int, ...]) -> None:
         here = self.where()
         if (here[0], tuple(here[1])) != (node_id, tuple(gpu_ids)):
@@ -360,15 +366,17 @@ class DevicePool:
     ):
         self.pg, self.hosts, self.locations = pg, hosts, locations
         self._bundle_nodes, self._bundles, self._remote = bundle_nodes, bundles, remote
-        self._env, self._num_threads, self.master_addr = env, num_threads, host
+        self._env, self._num_threads, self.host = env, num_threads, host
         self.companions: dict[tuple[str, int], Any] = {}
 
     @property
     def devices(self) -> list[int]:
         return sorted(self.hosts)
 
-    def free_port(self) -> int:
-        return _free_port(self.master_addr)
+    def rendezvous(self, device: int) -> tuple[str, int]:
+        """(address, port) for a process group whose rank 0 is ``device``'s process: found on
+        ``device``'s node, from inside its host actor."""
+        return ray.get(self.hosts[device].rendezvous.remote())
 
     def build(self, cls: type, kwargs_of: Any) -> None:
         """Build ``cls(**kwargs_of(device))`` inside every device's host actor (concurrently)."""

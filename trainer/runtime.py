@@ -405,7 +405,7 @@ def _start_engines(pool: Any, plan: ExecutionPlan, backend: str, engine_kwargs: 
     per_device = {d: common for d in gen}
     if alloc.tp > 1:  # each row's companions build one engine together, on a port of their own
         for row in grid(alloc):
-            master = (pool.master_addr, pool.free_port())
+            master = pool.rendezvous(row[0])  # the engine's rank 0 listens on its own node
             per_device.update({d: {**common, "tp_rank": i, "tp_master": master} for i, d in enumerate(row)})
     pool.add_companions("engine", sorted(gen), VLLMEngine, per_device.__getitem__)
     return sleeps
@@ -462,7 +462,7 @@ class PlanRuntime:
             dict(policy_dir=policy_dir, critic_dir=critic_dir, temperature=temperature),
             {**reward_kwargs, "device": "cuda" if backend == "nccl" else "cpu"},
         )
-        port, groups = pool.free_port(), mesh_groups(plan)
+        (master_addr, port), groups = pool.rendezvous(devices[0]), mesh_groups(plan)  # devices[0] is rank 0
 
         def kwargs_of(device: int) -> dict[str, Any]:
             builders = {}
@@ -472,7 +472,7 @@ class PlanRuntime:
             return dict(
                 device=device,
                 devices=devices,
-                master_addr=pool.master_addr,
+                master_addr=master_addr,
                 master_port=port,
                 backend=backend,
                 groups=groups,
