@@ -280,13 +280,14 @@ def test_builtin_reward_models_train_on_first_use_and_beat_a_constant(path):
     assert ensure_builtin(path) == model_dir and (model_dir / "COMPLETE").exists()
     metrics = json.loads((model_dir / "realm_rm.json").read_text())["metrics"]
     # Thresholds below the spread over training seeds in README "Rewards" (PRM step AUC 0.80-0.85, lowest-step
-    # final-answer AUC 0.71-0.78; ORM final-answer AUC 0.68-0.90 over seeds 0-2), so a different CPU's float reductions pass too.
+    # final-answer AUC 0.71-0.78; ORM at 2,800 steps final-answer AUC 0.81-0.90 over seeds 0-2), so a different CPU's
+    # float reductions pass too.
     assert metrics["final_auc"] > 0.55
     if path.endswith("prm"):
         assert metrics["step_auc"] > 0.75 and metrics["step_accuracy"] > metrics["step_majority_baseline"] + 0.05
         assert metrics["final_min_auc"] > 0.65
     else:
-        assert metrics["final_auc"] > 0.65
+        assert metrics["final_auc"] > 0.75
 
 
 def test_auc_worked_example():
