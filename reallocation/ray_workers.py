@@ -238,7 +238,6 @@ class RayCluster:
             remote,
             env,
             num_threads,
-            self.host,
         )
 
     def _check_capacity(self, num_devices: int) -> str:
@@ -362,11 +361,10 @@ class DevicePool:
         remote,
         env: dict[str, str],
         num_threads: int,
-        host: str,
     ):
         self.pg, self.hosts, self.locations = pg, hosts, locations
         self._bundle_nodes, self._bundles, self._remote = bundle_nodes, bundles, remote
-        self._env, self._num_threads, self.host = env, num_threads, host
+        self._env, self._num_threads = env, num_threads
         self.companions: dict[tuple[str, int], Any] = {}
 
     @property

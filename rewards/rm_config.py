@@ -37,8 +37,8 @@ class SyntheticRMData:
 
 DEFAULT_NUM_STEPS = {RMKind.prm: 1600, RMKind.orm: 2800}
 """Training steps per kind. The ORM learns from one label per response and needs longer: at 1,600
-steps one training seed of three was still rising (final-answer AUC 0.683); at 2,800 it reached 0.896
-(README "Rewards")."""
+steps training seed 1 was still rising (final-answer AUC 0.683), at 2,800 it reached 0.896 (README
+"Rewards" has all three seeds)."""
 
 
 @dataclass
