@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 REWARDS = ["success", "orm", "prm", "prm_clip", "prm_delta", "prm_clip_delta"]
 TINY = (
-    "sft.num_steps=30 rollout.num_prompts=4 rollout.num_samples_per_prompt=2 rollout.max_new_tokens=32 "
+    "sft.num_steps=30 sft.target_success=0 rollout.num_prompts=4 rollout.num_samples_per_prompt=2 rollout.max_new_tokens=32 "
     "data.synthetic_num_train=64 data.synthetic_num_heldout=4 run.num_iterations=1 run.eval_every=0 "
     "run.num_heldout_samples=0 ppo.num_minibatches=2"
 )

@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 REWARDS = ["success", "orm", "prm", "prm_clip", "prm_delta", "prm_clip_delta"]
 SMALL = [
     "sft.num_steps=30",
+    "sft.target_success=0",
     "rollout.num_prompts=4",
     "rollout.num_samples_per_prompt=2",
     "rollout.max_new_tokens=32",

@@ -118,13 +118,32 @@ class CriticConfig:
 class SFTConfig:
     """Supervised warm-up on reference solutions before PPO (used by the tiny-model default run)."""
 
-    num_steps: int = 600
+    num_steps: int = 1000
+    """The most the warm-up trains (exactly this many with ``target_success`` 0)."""
     batch_size: int = 32
     lr: float = 1e-3
     lr_schedule: LRSchedule = LRSchedule.constant
     num_warmup_steps: int = 0
     lr_floor: float = 0.0
     """The schedule's final multiplier (``models/schedule.py``)."""
+    target_success: float = 0.4
+    """Stop the warm-up at the first check where greedy success on the held-back check problems reaches
+    this (``num_steps`` is then the most it trains). 0: train exactly ``num_steps``. A capability target
+    instead of a step count, because the same step count lands far apart across seeds and CPUs."""
+    check_every: int = 25
+    num_check_problems: int = 200
+    """Training problems held back from the warm-up to check it on (never the held-out set)."""
+
+    def __post_init__(self) -> None:
+        if self.num_steps < 0:
+            raise ValueError(f"sft.num_steps={self.num_steps}: must be >= 0")
+        if not 0.0 <= self.target_success <= 1.0:
+            raise ValueError(f"sft.target_success={self.target_success}: must lie in [0, 1]")
+        if self.target_success > 0 and (self.check_every < 1 or self.num_check_problems < 1):
+            raise ValueError(
+                f"sft.check_every={self.check_every}, sft.num_check_problems={self.num_check_problems}: "
+                "both must be >= 1 when sft.target_success > 0"
+            )
 
 
 @dataclass

@@ -88,9 +88,12 @@ def warm_start(cfg: TrainConfig, base_dir: Path, train: list[Problem]) -> Path:
     )
     target = cache_root() / "sft" / f"{base_dir.name}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
     if is_complete(target):
-        _log(f"[sft] reusing warm-up {target}")
+        record = target / "sft.json"
+        steps = f" ({json.loads(record.read_text())['num_steps']} steps)" if record.exists() else ""
+        _log(f"[sft] reusing warm-up {target}{steps}")
         return target
-    _log(f"[sft] warm-up: {cfg.sft.num_steps} steps on {len(train)} problems -> {target}")
+    until = f", stopping at greedy success >= {cfg.sft.target_success}" if cfg.sft.target_success > 0 else ""
+    _log(f"[sft] warm-up: up to {cfg.sft.num_steps} steps on {len(train)} problems{until} -> {target}")
     # One intra-op thread: OpenMP threads that outnumber free cores spin and run several times
     # slower (the Ray workers get OMP_NUM_THREADS=1 for the same reason).
     num_threads = torch.get_num_threads()

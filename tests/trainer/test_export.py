@@ -15,6 +15,7 @@ from trainer.export import ExportError, find_checkpoint
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = [
     "sft.num_steps=30",
+    "sft.target_success=0",
     "rollout.num_prompts=4",
     "rollout.num_samples_per_prompt=2",
     "rollout.max_new_tokens=32",

@@ -87,11 +87,12 @@ def _train(address: str, run_dir: Path, *overrides: str) -> list[dict]:
         "train.py",
         f"cluster.address={address}",
         f"cluster.num_nodes={NUM_NODES}",
-        # 600 SFT steps (the default run's): some samples succeed, so advantages, losses and the
+        # 600 fixed SFT steps: some samples succeed, so advantages, losses and the
         # updates are not zero and the comparison below means something.
         f"cluster.devices_per_node={GPUS_PER_NODE}",
         "run.num_iterations=2",
         "sft.num_steps=600",
+        "sft.target_success=0",
         "rollout.num_prompts=8",
         "rollout.num_samples_per_prompt=2",
         "rollout.max_new_tokens=48",
