@@ -27,17 +27,21 @@ class MetricsWriter:
     """Appends one JSON object per iteration (flushed), mirrors scalars to TensorBoard."""
 
     def __init__(self, run_dir: Path, resume_from_iteration: int | None = None):
+        """``resume_from_iteration``: the checkpoint's iteration; rows past it in metrics.jsonl and
+        samples.jsonl are dropped (they will be recomputed). None: a fresh start, which drops every row
+        an earlier attempt left in the same run directory (e.g. one stopped before its first checkpoint)."""
         self.run_dir = run_dir
         self.path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
-        if resume_from_iteration is not None and self.path.exists():
-            # Drop rows past the checkpoint we resume from: they will be recomputed.
-            kept = [
-                l
-                for l in self.path.read_text().splitlines()
-                if l.strip() and json.loads(l).get("iteration", -1) <= resume_from_iteration
-            ]
-            atomic_write_text(self.path, "".join(k + "\n" for k in kept))
+        keep_through = -1 if resume_from_iteration is None else resume_from_iteration
+        for path in (self.path, self.samples_path):
+            if path.exists():
+                kept = [
+                    line
+                    for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("iteration", -1) <= keep_through
+                ]
+                atomic_write_text(path, "".join(k + "\n" for k in kept))
         try:
             from torch.utils.tensorboard import SummaryWriter
 

@@ -17,6 +17,7 @@ import argparse
 import json
 import statistics
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +87,8 @@ def run_row(run: Path) -> dict[str, Any]:
         "kl_last": last_of("kl/mean"),
         "truncated_last": last_of("response/truncated"),
         "explained_variance_mean": mean_of("critic/explained_variance"),
+        "steps_max": max((r["response/num_steps"] for r in rows if "response/num_steps" in r), default=float("nan")),
+        "greedy_curve": [[r["iteration"], r["heldout/success"]] for r in rows if "heldout/success" in r],
     }
 
 
@@ -227,7 +230,7 @@ def write_summary(root: Path, out: Path) -> tuple[Path, Path | None]:
         group = by_reward[name]
         vals = [statistics.fmean([g[c] for g in group]) for c in cols]
         lines.append(f"| {name} | {len(group)} | " + " | ".join(_fmt(v) for v in vals) + " |")
-    lines += ["", *_seed_tables(by_reward, order)]
+    lines += ["", *_seed_tables(by_reward, order), "", *_run_table(rows)]
     out.mkdir(parents=True, exist_ok=True)
     md = out / "summary.md"
     listing = [f"- {r['reward']} seed {r['seed']}: {r['run']}" for r in rows]
@@ -235,6 +238,20 @@ def write_summary(root: Path, out: Path) -> tuple[Path, Path | None]:
     atomic_write_text(md, "\n".join(lines) + "\n\nRuns:\n" + "\n".join(listing) + "\n")
     atomic_write_text(out / "summary.json", json.dumps(rows, indent=2))
     return md, _plot(runs, rows, out / "curves.png")
+
+
+def _run_table(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """One line per run: its held-out greedy curve at every evaluation and its end state."""
+    header = (
+        "| reward | seed | held-out greedy at each eval (iteration: value) | held-out sampled (last) "
+        "| steps/resp (max over iterations) | KL (last) | critic explained variance (mean) |"
+    )
+    lines = ["Per run:", "", header, "|" + "---|" * (header.count("|") - 1)]
+    for row in rows:
+        curve = " / ".join(f"{it}: {_fmt(float(v))}" for it, v in row["greedy_curve"])
+        cells = [_fmt(row[c]) for c in ("sampled_after", "steps_max", "kl_last", "explained_variance_mean")]
+        lines.append(f"| {row['reward']} | {row['seed']} | {curve} | " + " | ".join(cells) + " |")
+    return lines
 
 
 # (column, label) of the spread table: the quantities the reward options are compared on.

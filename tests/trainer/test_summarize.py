@@ -66,6 +66,16 @@ def test_run_row_reads_first_last_and_means(tmp_path):
     assert (row["greedy_before"], row["greedy_after"]) == (0.5, 0.4)
     assert abs(row["sampled_after"] - 0.3) < 1e-12 and abs(row["kl_last"] - 0.3) < 1e-12
     assert row["orm_score_mean"] != row["orm_score_mean"]  # nan: a PRM run logs no ORM score
+    assert row["steps_max"] == 5.0 and row["greedy_curve"] == [[0, 0.5], [3, 0.4]]
+
+
+def test_summary_lists_each_runs_greedy_curve(tmp_path):
+    _run(tmp_path, "success", 0, [3.0, 3.0], heldout_after=0.6)
+    _run(tmp_path, "prm", 0, [3.0, 4.5, 4.0], heldout_after=0.4)
+    md, _ = write_summary(tmp_path, tmp_path / "out")
+    text = md.read_text()
+    assert "| success | 0 | 0: 0.500 / 2: 0.600 | 0.500 | 3.000 | 0.200 | nan |" in text
+    assert "| prm | 0 | 0: 0.500 / 3: 0.400 | 0.300 | 4.500 | 0.300 | nan |" in text
 
 
 def test_summary_averages_seeds_in_paper_order(tmp_path):
@@ -75,7 +85,8 @@ def test_summary_averages_seeds_in_paper_order(tmp_path):
     (_run(tmp_path, "prm", 2, [9.0], heldout_after=0.0) / "summary.json").unlink()  # still going
     md, png = write_summary(tmp_path, tmp_path / "out")
     lines = md.read_text().splitlines()
-    rows = [l for l in lines if l.startswith("| prm") and "±" not in l]  # the first table (not the spread)
+    first_table = md.read_text().split("Over seeds")[0].splitlines()
+    rows = [l for l in first_table if l.startswith("| prm")]
     assert [r.split(" | ")[0] for r in rows] == ["| prm", "| prm_delta"]
     prm = rows[0].split(" | ")
     # reward, seeds, greedy before, after (mean of 0.4 and 0.2), sampled after, steps first, last (mean of 5, 7)

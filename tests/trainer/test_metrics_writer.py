@@ -1,0 +1,33 @@
+"""metrics.jsonl and samples.jsonl after a resume or a restart hold each iteration once."""
+
+from __future__ import annotations
+
+import json
+
+from trainer.metrics import MetricsWriter
+
+
+def _iterations(path):
+    return [json.loads(line)["iteration"] for line in path.read_text().splitlines()]
+
+
+def _attempt(run_dir, iterations, resume_from_iteration=None):
+    writer = MetricsWriter(run_dir, resume_from_iteration=resume_from_iteration)
+    for it in iterations:
+        writer.log(it, {"reward/success": 0.1 * it})
+        writer.log_samples(it, [{"response": f"r{it}a"}, {"response": f"r{it}b"}])
+    writer.close()
+
+
+def test_resume_drops_rows_past_the_checkpoint_in_metrics_and_samples(tmp_path):
+    _attempt(tmp_path, [0, 1, 2, 3])  # stopped after iteration 3; the last checkpoint is iteration 2
+    _attempt(tmp_path, [3, 4], resume_from_iteration=2)
+    assert _iterations(tmp_path / "metrics.jsonl") == [0, 1, 2, 3, 4]
+    assert _iterations(tmp_path / "samples.jsonl") == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+
+
+def test_a_fresh_start_in_a_used_run_dir_drops_the_earlier_attempt(tmp_path):
+    _attempt(tmp_path, [0, 1, 2])  # stopped before its first checkpoint
+    _attempt(tmp_path, [0, 1])
+    assert _iterations(tmp_path / "metrics.jsonl") == [0, 1]
+    assert _iterations(tmp_path / "samples.jsonl") == [0, 0, 1, 1]
