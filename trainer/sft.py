@@ -148,7 +148,7 @@ def run_sft(
                 say(f"[sft] step {step}: greedy success {success:.3f} on {len(check)} held-back training problems")
                 if success >= sft.target_success:
                     break
-    if check and record["checks"][-1:] and record["checks"][-1]["success"] < sft.target_success:
+    if check and record["checks"] and record["checks"][-1]["success"] < sft.target_success:
         say(f"[sft] target {sft.target_success} not reached in sft.num_steps={sft.num_steps}; using the last step")
     worker.save_pretrained(out_dir)
     atomic_write_text(out_dir / "sft.json", json.dumps(record, indent=1) + "\n")
