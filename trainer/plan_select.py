@@ -10,7 +10,8 @@
   and the critic's side (critic, reward model) the rest. On GPUs, training checkpoints activations;
   training and inference use micro-batches of at most ``TOKENS_PER_MICROBATCH`` tokens per device,
   generation runs in waves whose KV cache fits ``KV_BYTES_PER_DEVICE``, and the frozen reference
-  and reward models leave the GPU between their calls (offload).
+  and reward models leave the GPU between their calls (offload). On any hardware, calls then get
+  more micro-batches until the cost model's fullest device fits its memory (``fit_microbatches``).
 - ``disjoint``: each role on its own devices (generation; actor training; critic inference and
   training; reference; reward model), the placement the trainer used before plans.
 - ``search``: the cost model's search (``reallocation.search.search_plan``) within
@@ -27,8 +28,10 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
+from typing import TYPE_CHECKING
 
 from models.config import ModelConfig, ModelSource
 from reallocation.config import ClusterConfig
@@ -36,6 +39,9 @@ from reallocation.execution_plan import CALL_MODEL, CALLS, CallAllocation, Execu
 from reallocation.layout import ModelSpec
 from rewards.config import BUILTIN_REWARD_MODELS, RewardKind
 from trainer.config import TrainConfig
+
+if TYPE_CHECKING:
+    from reallocation.estimator import Hardware, Workload
 
 TOKENS_PER_MICROBATCH = 16384
 """Heuristic: training and inference micro-batches of at most this many tokens per GPU."""
@@ -236,6 +242,37 @@ def heuristic_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec], *, rows:
     return ExecutionPlan(cluster.num_nodes, per_node, calls, source="heuristic")
 
 
+def fit_microbatches(plan: ExecutionPlan, w: Workload, hw: Hardware) -> ExecutionPlan:
+    """``plan`` with more micro-batches (generation: waves) until the cost model's fullest device
+    fits ``hw``'s memory: each round doubles the call with the most active memory on the fullest
+    device (resident state does not shrink with micro-batches). Stops when it fits or when every
+    call there is down to one row per micro-batch (the dry run then warns).
+
+    Why: one micro-batch per call is fastest on CPU, but its logits are rows x new tokens x vocabulary
+    floats: SmolLM2-135M (49,152 tokens) at 32 rows x 257 columns per device is 1.6 GB per copy, and
+    the heuristic's 1-micro-batch plan ran a 24 GiB machine out of memory. The tiny model's plans
+    already fit and keep one.
+    """
+    from reallocation.estimator import call_memory, estimate_plan
+
+    calls = dict(plan.calls)
+    while True:
+        cost = estimate_plan(replace(plan, calls=calls), w, hw)
+        if cost.fits:
+            break
+        fullest = max(cost.peak_bytes_per_device, key=lambda d: cost.peak_bytes_per_device[d])
+        splittable = [
+            (call_memory(c, w.spec(c), a, w)[1], c)
+            for c, a in calls.items()
+            if fullest in a.devices and a.num_microbatches < w.batch // a.dp
+        ]
+        if not splittable:
+            break
+        _, call = max(splittable)
+        calls[call] = replace(calls[call], num_microbatches=2 * calls[call].num_microbatches)
+    return replace(plan, calls=calls)
+
+
 def disjoint_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec]) -> ExecutionPlan:
     """Each role on its own devices, as the trainer placed them before plans: generation, actor
     training, critic (inference + training), reference, reward model. Equal shares, the rest to
@@ -286,22 +323,24 @@ def resolve_plan(
     With ``run_dir``, the plan is also written there as ``plan.yaml`` (a searched plan is only
     reproducible from that file). Raises PlanError.
     """
+    from reallocation.estimator import hardware
+
     cl, r = cfg.cluster, cfg.rollout
     rows, seq_len = r.num_prompts * r.num_samples_per_prompt, r.max_prompt_tokens + r.max_new_tokens
+    hw = hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
     if cl.plan == "heuristic":
-        plan, where = heuristic_plan(cl, specs, rows=rows, seq_len=seq_len), "cluster.plan=heuristic"
+        rule = heuristic_plan(cl, specs, rows=rows, seq_len=seq_len)
+        plan, where = fit_microbatches(rule, workload(cfg, specs), hw), "cluster.plan=heuristic"
     elif cl.plan == "disjoint":
         plan, where = disjoint_plan(cl, specs), "cluster.plan=disjoint"
     elif cl.plan == "search":
-        from reallocation.estimator import hardware
         from reallocation.search import NoFitError, search_plan
 
-        hw = hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
         if log:
             log(f"[plan] searching for {cl.plan_search_seconds:g} s ({cl.num_devices} x {cl.hardware})")
         try:
             # Also from the rule's plan: the search's result is then never slower than cluster.plan=heuristic.
-            rule = heuristic_plan(cl, specs, rows=rows, seq_len=seq_len)
+            rule = fit_microbatches(heuristic_plan(cl, specs, rows=rows, seq_len=seq_len), workload(cfg, specs), hw)
             plan, _ = search_plan(
                 workload(cfg, specs), hw, seconds=cl.plan_search_seconds, seed=cfg.run.seed, also_from=rule
             )

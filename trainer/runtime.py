@@ -101,7 +101,7 @@ def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None =
         if name in SHARDED_CALLS and spec is not None and spec.num_kv_heads % alloc.tp:
             raise UnsupportedPlan(
                 f"{where}: calls.{name}.tp={alloc.tp} does not divide num_key_value_heads={spec.num_kv_heads}: "
-                "training and inference TP shard k/v by head (no kv-head replication)"
+                "training and inference TP shard k/v by head (no kv-head replication, as in Megatron-LM)"
             )
 
 

@@ -128,3 +128,17 @@ def test_raw_value_clip_stalls_a_zero_critic_on_large_returns_and_return_std_sca
         assert value_clip_range(*current, 0.5, "return_std", fake_all_reduce) == pytest.approx(0.5 * math.sqrt(1.25))
     with pytest.raises(ValueError, match="value_clip"):
         value_clip_range(returns, mask, 0.5, "rawr")
+
+
+def test_logsumexp_in_row_blocks_equals_one_call_values_and_gradients(monkeypatch):
+    import trainer.losses as L
+
+    torch.manual_seed(0)
+    logits = torch.randn(5, 3, 7, dtype=torch.float64, requires_grad=True)
+    whole = torch.logsumexp(logits, dim=-1)
+    (grad_whole,) = torch.autograd.grad(whole.sum(), logits)
+    monkeypatch.setattr(L, "LOGSUMEXP_BLOCK_ELEMENTS", 2 * 3 * 7)  # blocks of 2 rows: 2 + 2 + 1
+    blocks = L.logsumexp_in_row_blocks(logits)
+    (grad_blocks,) = torch.autograd.grad(blocks.sum(), logits)
+    assert torch.equal(blocks, whole) and torch.equal(grad_blocks, grad_whole)
+    assert L.logprobs_from_logits(logits, torch.zeros(5, 3, dtype=torch.long)).shape == (5, 3)

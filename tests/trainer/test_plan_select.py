@@ -16,10 +16,12 @@ from trainer.config import TrainConfig, register_configs
 from trainer.plan_select import (
     PLAN_FILE,
     disjoint_plan,
+    fit_microbatches,
     heuristic_plan,
     model_spec,
     model_specs,
     resolve_plan,
+    workload,
 )
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -100,6 +102,61 @@ def test_heuristic_fits_odd_cluster_shapes(num_nodes, per_node):
     plan = resolve_plan(cfg, specs)  # validates
     assert plan.num_devices == num_nodes * per_node
     assert "rew_inf" in plan.calls
+
+
+def test_heuristic_splits_the_largest_calls_until_the_fullest_device_fits():
+    # SmolLM2-135M on the 2 CPU devices at the benchmark workload (16 prompts x 4 samples, 256
+    # new tokens): one micro-batch per call predicts 17.5 GiB on a device the cost model gives 8 GiB
+    # (the plan that ran this machine's 24 GiB out of memory); doubling the call with the most active
+    # memory on the fullest device gives actor and critic training 4 micro-batches each and fits.
+    from reallocation.estimator import estimate_plan, hardware
+
+    cfg = _cfg(
+        "model=smollm2-135m", "rollout.num_prompts=16", "rollout.num_samples_per_prompt=4", "rollout.max_new_tokens=256"
+    )
+    specs = model_specs(cfg)
+    w, hw = workload(cfg, specs), hardware("cpu", 1, 2)
+    rule = heuristic_plan(cfg.cluster, specs, rows=64, seq_len=512)
+    assert not estimate_plan(rule, w, hw).fits
+    assert round(estimate_plan(rule, w, hw).peak_bytes / 2**30, 1) == 17.5
+    fitted = fit_microbatches(rule, w, hw)
+    assert {c: a.num_microbatches for c, a in fitted.calls.items()} == {
+        "actor_gen": 1,
+        "ref_inf": 1,
+        "critic_inf": 1,
+        "actor_train": 4,
+        "critic_train": 4,
+    }
+    assert estimate_plan(fitted, w, hw).fits and resolve_plan(cfg, specs) == fitted
+    # Only micro-batches change: same devices and layouts.
+    assert all(replace(a, num_microbatches=1) == rule.calls[c] for c, a in fitted.calls.items())
+
+
+def test_the_default_run_and_fitting_gpu_plans_keep_their_micro_batches():
+    from reallocation.estimator import hardware
+
+    for overrides, rows, seq_len, hw in (
+        ((), 512, 304, hardware("cpu", 1, 2)),
+        (("experiment=reward_paper_1.5b", "cluster=gpu_1x8"), 8192, 2048, hardware("h100", 1, 8)),
+    ):
+        cfg = _cfg(*overrides)
+        specs = model_specs(cfg)
+        rule = heuristic_plan(cfg.cluster, specs, rows=rows, seq_len=seq_len)
+        assert fit_microbatches(rule, workload(cfg, specs), hw) == rule
+
+
+def test_fitting_stops_at_one_row_per_micro_batch():
+    # 2 sequences per iteration of SmolLM2 on a "GPU" of 1 GiB: the training state alone (135M x 18 B
+    # over 2 devices, 1.1 GiB) does not fit, so every call on the device ends at one row per micro-batch.
+    from reallocation.estimator import estimate_plan, hardware
+
+    cfg = _cfg("model=smollm2-135m", "rollout.num_prompts=2", "rollout.num_samples_per_prompt=2")
+    specs = model_specs(cfg)
+    w = workload(cfg, specs)
+    hw = replace(hardware("cpu", 1, 2), gpu_memory_bytes=1 << 30)
+    fitted = fit_microbatches(heuristic_plan(cfg.cluster, specs, rows=4, seq_len=304), w, hw)
+    assert not estimate_plan(fitted, w, hw).fits
+    assert {a.num_microbatches for a in fitted.calls.values()} == {2}  # 4 rows / dp 2
 
 
 def test_disjoint_gives_each_role_its_own_devices():
