@@ -123,6 +123,28 @@ def trim_padding(batch: Mapping[str, Tensor]) -> dict[str, Tensor]:
     return out
 
 
+def microbatch_rows(batch: Mapping[str, Tensor], num_microbatches: int) -> list[Tensor]:
+    """Row indices of ``num_microbatches`` micro-batches of ``batch`` (at most one per row) that
+    group rows of similar length, so that ``trim_padding`` cuts each to its own longest row.
+
+    Rows are sorted by response length, then prompt length, longest first (ties keep their order),
+    and cut into contiguous runs of (almost) equal size. The micro-batches together hold every row
+    once, so a gradient accumulated over them, or outputs put back in row order, are those of one
+    pass over the batch; only the padding computed on changes. One micro-batch: the rows in order.
+    Example: response lengths 1, 4, 2, 3 in 2 micro-batches -> rows [1, 3] and [2, 0], trimmed to 4 and
+    2 response columns instead of 4 and 4.
+    """
+    n = num_rows(batch)
+    if num_microbatches <= 1 or n <= 1:
+        return [torch.arange(n)]
+    mask_BL, mask_BT = batch["attention_mask"], batch["response_mask"]
+    response_len = mask_BT.sum(dim=1)
+    prompt_len = mask_BL.sum(dim=1) - response_len
+    key = response_len * (mask_BL.shape[1] + 1) + prompt_len
+    order = torch.argsort(key, descending=True, stable=True)
+    return list(order.tensor_split(min(num_microbatches, n)))
+
+
 def pad_response_columns(x_BT: Tensor, num_response_cols: int) -> Tensor:
     """``x_BT`` [B, T'] zero-padded on the right to [B, num_response_cols] (undoes ``trim_padding``'s cut)."""
     return torch.nn.functional.pad(x_BT, (0, num_response_cols - x_BT.shape[1]))

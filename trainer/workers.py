@@ -236,12 +236,15 @@ def _response_logprobs(model: nn.Module, ranks: Ranks, batch: Mapping[str, Tenso
 
 
 def _in_chunks(fn, batch: Mapping[str, Tensor], num_microbatches: int) -> Tensor:
-    """``fn`` over ``num_microbatches`` row chunks of ``batch`` (at most one per row), concatenated."""
-    num_rows = B.num_rows(batch)
-    if num_microbatches <= 1 or num_rows <= 1:
+    """``fn`` over ``num_microbatches`` micro-batches of rows of similar length (``batch.microbatch_rows``),
+    its [rows, T] outputs put back in row order."""
+    parts = B.microbatch_rows(batch, num_microbatches)
+    if len(parts) == 1:
         return fn(batch)
-    parts = torch.arange(num_rows).tensor_split(min(num_microbatches, num_rows))
-    return torch.cat([fn({k: v[int(r[0]) : int(r[-1]) + 1] for k, v in batch.items()}) for r in parts])
+    outputs = torch.cat([fn(B.select(batch, rows)) for rows in parts])
+    out = torch.empty_like(outputs)
+    out[torch.cat(parts)] = outputs
+    return out
 
 
 def _checkpoint_activations(model: nn.Module) -> None:
@@ -313,7 +316,7 @@ class _Trainer:
         each part (``batch.update_rows``); None: ``batch`` is the whole batch of a single rank and
         the rows are ordered here, the same way. Each part runs as ``num_microbatches`` forward /
         backward passes (gradient accumulation, at most one per row; every rank must get the same
-        number). ``loss_fn(minibatch, num_tokens) -> (loss, {name: scalar})`` returns this rank's
+        number; rows of similar length go together, ``batch.microbatch_rows``). ``loss_fn(minibatch, num_tokens) -> (loss, {name: scalar})`` returns this rank's
         share of the global-minibatch token mean (the stats too); the shares sum to the global value.
         """
         if part_sizes is None:
@@ -337,10 +340,8 @@ class _Trainer:
             minibatch = {k: v[offset : offset + size] for k, v in batch.items()}
             offset += size
             num_tokens = self.ranks.all_reduce_sum(minibatch["response_mask"].sum().float())
-            for micro_rows in torch.arange(size).tensor_split(min(num_microbatches, size)):
-                micro = B.trim_padding(
-                    {k: v[int(micro_rows[0]) : int(micro_rows[-1]) + 1] for k, v in minibatch.items()}
-                )
+            for micro_rows in B.microbatch_rows(minibatch, num_microbatches):
+                micro = B.trim_padding(B.select(minibatch, micro_rows))
                 with self.ranks.autocast():
                     loss, stats = loss_fn(micro, num_tokens)
                 # FSDP averages gradients over dp ranks; our loss is this rank's share of a sum.

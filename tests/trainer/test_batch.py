@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from trainer.batch import pad_response_columns, trim_padding
+from trainer.batch import microbatch_rows, pad_response_columns, trim_padding
 from trainer.rollout import pad_batch
 
 
@@ -32,3 +32,18 @@ def test_trim_padding_keeps_what_any_row_uses():
     empty = pad_batch([[1, 2]], [[]], pad_id=0)  # no response tokens: one (masked) column stays
     assert trim_padding(empty)["response_mask"].shape == (1, 1)
     assert trim_padding(empty)["input_ids"].tolist() == [[1, 2, 0]]
+
+
+def test_microbatches_group_rows_of_similar_length():
+    # Response lengths 1, 4, 2, 3 (prompts of 2 tokens): 2 micro-batches take rows [1, 3] and [2, 0],
+    # which trim to 4 and 2 response columns instead of 4 and 4; every row appears once.
+    batch = pad_batch([[7, 7]] * 4, [[5], [5, 5, 5, 5], [5, 5], [5, 5, 5]], pad_id=0)
+    parts = microbatch_rows(batch, 2)
+    assert [p.tolist() for p in parts] == [[1, 3], [2, 0]]
+    widths = [trim_padding({k: v[p] for k, v in batch.items()})["response_mask"].shape[1] for p in parts]
+    assert widths == [4, 2]
+    # Equal responses: the longer prompt first; one micro-batch keeps the rows in order.
+    batch = pad_batch([[7], [7, 7, 7], [7, 7]], [[5, 5]] * 3, pad_id=0)
+    assert [p.tolist() for p in microbatch_rows(batch, 3)] == [[1], [2], [0]]
+    assert [p.tolist() for p in microbatch_rows(batch, 1)] == [[0, 1, 2]]
+    assert sorted(torch.cat(microbatch_rows(batch, 5)).tolist()) == [0, 1, 2]  # at most one per row
