@@ -69,6 +69,22 @@ def main(spec_path: str, out_path: str) -> None:
     dataset = Dataset.from_list(rows)
     batch_size = len(spec["iteration_prompt_ids"][0])
     num_iterations = len(spec["iteration_prompt_ids"])
+    micro = spec.get("microbatch_rows") or 0
+    if micro:
+        # TRL 0.29.1: rollout batch = per_device_train_batch_size x gradient_accumulation_steps, the
+        # micro-batch = per_device_train_batch_size, one optimizer step per gradient_accumulation_steps
+        # micro-batches. Smaller micro-batches with one rollout batch are only possible as one minibatch.
+        if batch_size % micro:
+            raise SystemExit(f"microbatch_rows={micro} must divide the rollout batch {batch_size}")
+        layout = dict(
+            per_device_train_batch_size=micro, gradient_accumulation_steps=batch_size // micro, num_mini_batches=1
+        )
+    else:
+        layout = dict(
+            per_device_train_batch_size=batch_size,  # one rollout batch = prompts x samples
+            gradient_accumulation_steps=1,  # so every minibatch is one optimizer step, as in realm
+            num_mini_batches=spec["num_minibatches"],
+        )
     args = PPOConfig(
         output_dir=spec["output_dir"],
         report_to="none",
@@ -79,10 +95,8 @@ def main(spec_path: str, out_path: str) -> None:
         use_cpu=True,
         seed=spec["seed"],
         learning_rate=spec["lr"],
-        per_device_train_batch_size=batch_size,  # one rollout batch = prompts x samples
-        gradient_accumulation_steps=1,  # so every minibatch is one optimizer step, as in realm
         local_rollout_forward_batch_size=batch_size,  # generate the whole batch at once, as vLLM does
-        num_mini_batches=spec["num_minibatches"],
+        **layout,
         num_ppo_epochs=spec["num_epochs"],
         total_episodes=batch_size * num_iterations,
         response_length=spec["max_new_tokens"],

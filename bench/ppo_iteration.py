@@ -7,7 +7,7 @@ The issue's two workloads, and the plan runtime against the pre-plan fixed place
 
     bench/ppo_iteration.py --json out/default.json --num-prompts 64 --samples-per-prompt 8 --placement-baseline
     bench/ppo_iteration.py --json out/smollm2.json --model smollm2-135m --num-prompts 16 --samples-per-prompt 4 \
-        --max-new-tokens 256
+        --max-new-tokens 256 --iterations 1 --trl-microbatch-rows 4
 
 One fixed workload, run twice in the same process tree one after the other (so both see the same
 machine load; the load average before and after each is recorded):
@@ -293,7 +293,7 @@ def trl_value_clip(ppo) -> dict[str, Any]:
     return {"realm": mode, "trl_cliprange_value": ppo.value_clip_eps, "same_loss": mode == "raw", "note": note}
 
 
-def run_trl(cfg, prompts: list[list[list[int]]], work: Path, threads: int) -> dict:
+def run_trl(cfg, prompts: list[list[list[int]]], work: Path, threads: int, microbatch_rows: int = 0) -> dict:
     from models.registry import resolve_model_dir
 
     spec = {
@@ -312,6 +312,7 @@ def run_trl(cfg, prompts: list[list[list[int]]], work: Path, threads: int) -> di
         "cliprange_value": trl_value_clip(cfg.ppo)["trl_cliprange_value"],
         "output_dir": str(work / "trl-output"),
         "iteration_prompt_ids": prompts,
+        "microbatch_rows": microbatch_rows,
     }
     spec_path, out_path = work / "trl_spec.json", work / "trl_result.json"
     spec_path.write_text(json.dumps(spec))
@@ -483,6 +484,15 @@ def main(argv: list[str] | None = None) -> None:
         default=0,
         help="torch threads of the TRL process (0: what realm's Ray workers get, OMP_NUM_THREADS or 1)",
     )
+    parser.add_argument(
+        "--trl-microbatch-rows",
+        type=int,
+        default=0,
+        help="TRL's forward/backward micro-batch in rows (0: one per minibatch). TRL 0.29.1 ties gradient "
+        "accumulation to its rollout batch, so this runs one minibatch per epoch in micro-batches of this "
+        "many rows: the same passes over the same rows, fewer optimizer steps (SmolLM2-135M's full-vocabulary "
+        "logits of a 16-row minibatch ran this 24 GiB machine out of memory)",
+    )
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--model", default="", help="model config (configs/model/), e.g. smollm2-135m; default: tiny")
     parser.add_argument(
@@ -529,6 +539,7 @@ def main(argv: list[str] | None = None) -> None:
         "realm_overrides": overrides,
         "cpu_count": os.cpu_count(),
         "trl_torch_threads": trl_threads,
+        "trl_microbatch_rows": args.trl_microbatch_rows or None,
     }
     prompts = iteration_prompt_ids(cfg)
     trl_error = None
@@ -558,7 +569,7 @@ def main(argv: list[str] | None = None) -> None:
             trl = {"status": "error", "error": trl_error}
         else:
             _log(f"[2/2] TRL {TRL_VERSION} PPOTrainer, same workload, {trl_threads} torch thread(s)")
-            trl = run_trl(cfg, prompts, work, trl_threads)
+            trl = run_trl(cfg, prompts, work, trl_threads, args.trl_microbatch_rows)
             if trl["status"] == "ok":
                 summarize(trl, TRL_PHASES)
                 _log(f"TRL: {trl['tokens_per_s']:.1f} tokens/s, {trl['mean_s']['iteration_s']:.2f} s/iteration")
