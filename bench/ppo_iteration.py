@@ -441,13 +441,18 @@ def plot(result: dict, path: Path) -> None:
     ax_p.set_yticks(range(len(names)))
     ax_p.set_yticklabels(names)
     ax_p.invert_yaxis()
-    ax_p.set_xlabel("seconds per PPO iteration (mean after the first)")
+    timed = realm.get("timed_iterations") or []
+    ax_p.set_xlabel(
+        "seconds per PPO iteration (mean after the first)"
+        if len(timed) != 1 or timed[0] != 1
+        else "seconds of the one PPO iteration (warm-up included)"
+    )
     ax_p.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
     ax_p.set_title("time per phase")
     rates = [p["tokens_per_s"] for p in parts]
     ax_t.bar(names, rates, color=["tab:blue", "tab:orange"][: len(names)])
     for i, v in enumerate(rates):
-        ax_t.text(i, v, f"{v:.0f}", ha="center", va="bottom")
+        ax_t.text(i, v, f"{v:.0f}" if v >= 10 else f"{v:.2f}", ha="center", va="bottom")
     ax_t.set_ylabel("generated tokens / s (end to end)")
     ratio = result.get("ratio_realm_over_trl")
     ax_t.set_title(f"realm / TRL = {ratio:.2f}x" if ratio else "TRL did not run")
