@@ -327,10 +327,10 @@ def resolve_plan(
 
     cl, r = cfg.cluster, cfg.rollout
     rows, seq_len = r.num_prompts * r.num_samples_per_prompt, r.max_prompt_tokens + r.max_new_tokens
-    hw = hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
+    w, hw = workload(cfg, specs), hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
     if cl.plan == "heuristic":
-        rule = heuristic_plan(cl, specs, rows=rows, seq_len=seq_len)
-        plan, where = fit_microbatches(rule, workload(cfg, specs), hw), "cluster.plan=heuristic"
+        plan = fit_microbatches(heuristic_plan(cl, specs, rows=rows, seq_len=seq_len), w, hw)
+        where = "cluster.plan=heuristic"
     elif cl.plan == "disjoint":
         plan, where = disjoint_plan(cl, specs), "cluster.plan=disjoint"
     elif cl.plan == "search":
@@ -340,10 +340,8 @@ def resolve_plan(
             log(f"[plan] searching for {cl.plan_search_seconds:g} s ({cl.num_devices} x {cl.hardware})")
         try:
             # Also from the rule's plan: the search's result is then never slower than cluster.plan=heuristic.
-            rule = fit_microbatches(heuristic_plan(cl, specs, rows=rows, seq_len=seq_len), workload(cfg, specs), hw)
-            plan, _ = search_plan(
-                workload(cfg, specs), hw, seconds=cl.plan_search_seconds, seed=cfg.run.seed, also_from=rule
-            )
+            rule = fit_microbatches(heuristic_plan(cl, specs, rows=rows, seq_len=seq_len), w, hw)
+            plan, _ = search_plan(w, hw, seconds=cl.plan_search_seconds, seed=cfg.run.seed, also_from=rule)
         except NoFitError as e:
             raise PlanError(
                 f"cluster.plan=search: {e}; cluster.plan=heuristic may fit (check it with run.dry_run=true)"

@@ -316,8 +316,9 @@ class _Trainer:
         each part (``batch.update_rows``); None: ``batch`` is the whole batch of a single rank and
         the rows are ordered here, the same way. Each part runs as ``num_microbatches`` forward /
         backward passes (gradient accumulation, at most one per row; every rank must get the same
-        number; rows of similar length go together, ``batch.microbatch_rows``). ``loss_fn(minibatch, num_tokens) -> (loss, {name: scalar})`` returns this rank's
-        share of the global-minibatch token mean (the stats too); the shares sum to the global value.
+        number; rows of similar length go together, ``batch.microbatch_rows``).
+        ``loss_fn(minibatch, num_tokens) -> (loss, {name: scalar})`` returns this rank's share of the
+        global-minibatch token mean (the stats too); the shares sum to the global value.
         """
         if part_sizes is None:
             if self.ranks.num_dp > 1:
