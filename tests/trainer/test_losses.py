@@ -138,7 +138,11 @@ def test_logsumexp_in_row_blocks_equals_one_call_values_and_gradients(monkeypatc
     whole = torch.logsumexp(logits, dim=-1)
     (grad_whole,) = torch.autograd.grad(whole.sum(), logits)
     monkeypatch.setattr(L, "LOGSUMEXP_BLOCK_ELEMENTS", 2 * 3 * 7)  # blocks of 2 rows: 2 + 2 + 1
+    block_rows = []
+    one_call = torch.logsumexp
+    monkeypatch.setattr(torch, "logsumexp", lambda x, dim: block_rows.append(x.shape[0]) or one_call(x, dim=dim))
     blocks = L.logsumexp_in_row_blocks(logits)
+    assert block_rows == [2, 2, 1]
     (grad_blocks,) = torch.autograd.grad(blocks.sum(), logits)
     assert torch.equal(blocks, whole) and torch.equal(grad_blocks, grad_whole)
     assert L.logprobs_from_logits(logits, torch.zeros(5, 3, dtype=torch.long)).shape == (5, 3)
