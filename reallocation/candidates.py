@@ -77,7 +77,8 @@ def _strategies(
             continue
         if t > 1 and call == "actor_gen" and not limits.generation_tp:
             continue
-        for pp in [1] if pp_one or not limits.pipeline else _divisors(len(devices) // t):
+        pipelined = limits.pipeline_calls is None or call in limits.pipeline_calls
+        for pp in _divisors(len(devices) // t) if pipelined and not pp_one else [1]:
             dp = len(devices) // (t * pp)
             if spec.num_layers % pp or w.batch < dp:
                 continue

@@ -119,8 +119,8 @@ class LayoutLimits:
     """Which layouts a plan may use, for a runtime that does not run them all (the search honours these;
     the default allows everything the cost model prices)."""
 
-    pipeline: bool = True
-    """pp > 1 in any call."""
+    pipeline_calls: tuple[str, ...] | None = None
+    """The calls that may have pp > 1 (None: every call)."""
     generation_tp: bool = True
     """tp > 1 for actor_gen."""
     kv_replication: bool = True

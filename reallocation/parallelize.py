@@ -59,6 +59,8 @@ def apply_tp(model: nn.Module, tp_mesh: Any) -> nn.Module:
         )
     base = _base(model)
     for layer in base.layers:
+        if not hasattr(layer, "self_attn"):  # a block another pipeline stage holds
+            continue
         parallelize_module(
             layer,
             tp_mesh,
@@ -73,11 +75,11 @@ def apply_tp(model: nn.Module, tp_mesh: Any) -> nn.Module:
             },
         )
     head: Any = getattr(model, "lm_head", None)
-    tied = head is not None and head.weight is base.embed_tokens.weight
-    # RowwiseParallel on an Embedding shards the vocabulary (dim 0) and all-reduces the output.
-    parallelize_module(
-        base.embed_tokens, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate())
-    )
+    embed: Any = base.embed_tokens  # None on pipeline stages that do not embed
+    tied = head is not None and embed is not None and head.weight is embed.weight
+    if embed is not None:
+        # RowwiseParallel on an Embedding shards the vocabulary (dim 0) and all-reduces the output.
+        parallelize_module(embed, tp_mesh, RowwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
     if head is not None:
         parallelize_module(head, tp_mesh, ColwiseParallel(output_layouts=Replicate()))
         if tied:

@@ -1,6 +1,6 @@
 """A call's devices as a 2-D grid, and the process groups it needs (pure; no torch.distributed).
 
-A call with ``dp x tp`` devices (``pp`` is 1: the runtime refuses pipeline stages) runs on a grid
+A call with ``dp x tp`` devices (``pp`` = 1) runs on a grid
 of ``dp`` rows, one per model replica (training: one FSDP shard index; inference: one replica),
 each row the ``tp`` devices of one tensor-parallel group. Devices are taken in sorted order, row
 after row, so that every row and every column is itself sorted: ``dist.new_group`` orders its
@@ -13,11 +13,16 @@ ranks that way, and the mesh's coordinates must agree with the groups' rank orde
 Data follows the rows: the tp devices of a row see the same batch rows (the same minibatch
 shares for an update, the same slice for inference) and only the row's first device reports
 inference outputs.
+
+An inference call with ``pp > 1`` runs on pipelines instead (``pipelines_of``): each replica is
+``pp`` stages of ``tp`` devices; every device of a replica sees the replica's rows and the last
+stage's first device reports. With ``pp = 1`` a pipeline is one grid row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 Grid = tuple[tuple[int, ...], ...]
 
@@ -65,3 +70,50 @@ def leaders(grid: Grid) -> list[int]:
 def global_grid(grid: Grid, rank_of: Sequence[int] | dict[int, int]) -> list[list[int]]:
     """``grid`` in global ranks (``rank_of[device]``), the ``mesh`` that ``DeviceMesh.from_group`` takes."""
     return [[rank_of[d] for d in row] for row in grid]
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """One inference replica: ``stages[s]`` are the tp devices of stage s."""
+
+    stages: tuple[tuple[int, ...], ...]
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(sorted(d for stage in self.stages for d in stage))
+
+    @property
+    def leader(self) -> int:
+        """The device that reports the replica's outputs: the last stage's first."""
+        return self.stages[-1][0]
+
+    def stage_of(self, device: int) -> int:
+        return next(s for s, stage in enumerate(self.stages) if device in stage)
+
+
+def pipelines_of(devices: Iterable[int], pp: int, tp: int) -> list[Pipeline]:
+    """An inference call's model replicas, each ``pp`` stages of ``tp`` devices, in ``Layout``'s
+    row-major ``(pp, dp, tp)`` order over the sorted devices: replica r's stage s is the tp devices
+    from index ``(s * dp + r) * tp``. Stages are outermost, so a call spread over nodes puts each
+    stage on one node and only stage boundaries cross them (as Megatron-LM orders pp)::
+
+        pipelines_of((0, 1, 2, 3), pp=2, tp=1) == [Pipeline(((0,), (2,))), Pipeline(((1,), (3,)))]
+        pipelines_of((4, 5, 6, 7), pp=1, tp=2) == [Pipeline(((4, 5),)), Pipeline(((6, 7),))]  # grid rows
+    """
+    ordered = sorted(devices)
+    if pp < 1 or tp < 1 or len(ordered) % (pp * tp):
+        raise ValueError(f"{len(ordered)} devices cannot form pipelines of pp={pp} x tp={tp}")
+    dp = len(ordered) // (pp * tp)
+    return [
+        Pipeline(tuple(tuple(ordered[(s * dp + r) * tp : (s * dp + r + 1) * tp]) for s in range(pp))) for r in range(dp)
+    ]
+
+
+def pipeline_groups(pipeline: Pipeline) -> list[tuple[int, ...]]:
+    """The device sets one pipeline replica needs a process group for, sorted: each stage's
+    (``grid_groups`` of a one-row grid) and, with pp > 1, the whole replica (stages pass
+    activations to each other within it)."""
+    groups = {g for stage in pipeline.stages for g in grid_groups((stage,))}
+    if len(pipeline.stages) > 1:
+        groups.add(pipeline.devices)
+    return sorted(groups)

@@ -7,8 +7,9 @@ Deployment (``PlanRuntime.start``)::
         "actor"      PolicyWorker over actor_train's grid (also computes the old logprobs)
         "critic"     CriticWorker over critic_train's grid (also critic_inf when the plan gives
                      critic_inf the same devices and layout: sharded forward = inference)
-        "critic_inf" CriticWorker replicas over critic_inf's grid, when its devices or layout differ
-        "ref"        RefWorker replicas over ref_inf's grid
+        "critic_inf" CriticWorker replicas over critic_inf's pipelines, when its devices or layout differ
+        "ref"        RefWorker replicas over ref_inf's pipelines (one per replica; with pp = 1 a
+                     pipeline is one grid row)
         "reward"     the reward function with its reward model, one replica per rew_inf row (on the
                      row's first device: reward models are not sharded)
     one vLLM engine rank per actor_gen device, a companion process in the same bundle (vLLM
@@ -28,14 +29,16 @@ mesh; a device worker runs one call at a time, in submission order, so calls on 
 at the same time and calls on overlapping meshes queue. Reallocation (``reallocate``) moves a model
 between two of its layouts with ``reallocation.sync``'s planned resharding over the union of both
 meshes (from FSDP x TP training shards to the engine ranks' own vLLM TP boxes, or to the inference
-replicas' own shards): each destination device receives exactly the bytes it does not hold (the lower
-bound), and passes an engine rank's boxes to the engine process beside it (``VLLMEngine.load_shards``).
+replicas' own shards, pipeline stages included): each destination device receives exactly the bytes it
+does not hold (the lower bound), and passes an engine rank's boxes to the engine process beside it
+(``VLLMEngine.load_shards``).
 Each call reports its start and end per device (``Event``) for the metrics and the timeline picture.
 
-Supported layouts: training and inference dp x tp (tp must divide the kv heads); generation dp x tp
-(vLLM's rules: tp divides the heads, kv heads are replicated when tp exceeds them); reward inference
-dp (one unsharded replica per row); pp = 1 everywhere. Other plans are rejected at start naming the
-call and field.
+Supported layouts: training dp x tp (tp must divide the kv heads); reference and critic inference
+pp x dp x tp (``trainer.pipeline``: each replica's stages pass hidden states on; tp divides the kv
+heads); generation dp x tp (vLLM's rules: tp divides the heads, kv heads are replicated when tp
+exceeds them); reward inference dp (one unsharded replica per row). Other plans (pp > 1 in training,
+generation or reward inference) are rejected at start naming the call and field.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from reallocation.estimator import LayoutLimits
 from reallocation.execution_plan import CALL_MODEL, CallAllocation, ExecutionPlan
 from reallocation.layout import Holdings, ModelSpec
 from rewards.types import merge_reward_batches
-from trainer.meshes import Grid, grid_groups, grid_of, leaders
+from trainer.meshes import Grid, Pipeline, grid_groups, grid_of, leaders, pipeline_groups, pipelines_of
 
 # Runtime steps that the plan does not name: old logprobs run on actor_train's devices.
 ACTOR_INF = "actor_inf"
@@ -72,8 +75,10 @@ class Event:
     end: float
 
 
+# Calls the runtime runs in pipeline stages (inference replicas; ``trainer.pipeline``).
+PIPELINE_CALLS = ("ref_inf", "critic_inf")
 # What check_supported lets through, for the plan search (``cluster.plan=search`` looks only at these).
-RUNTIME_LIMITS = LayoutLimits(pipeline=False, generation_tp=True, kv_replication=False)
+RUNTIME_LIMITS = LayoutLimits(pipeline_calls=PIPELINE_CALLS, generation_tp=True, kv_replication=False)
 
 
 def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None = None) -> None:
@@ -86,9 +91,10 @@ def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None =
     """
     where = plan.origin or "plan"
     for name, alloc in plan.calls.items():
-        if alloc.pp != 1:
+        if alloc.pp != 1 and name not in PIPELINE_CALLS:
             raise UnsupportedPlan(
-                f"{where}: calls.{name}.pp={alloc.pp}: the plan runtime does not run pipeline stages (pp must be 1)"
+                f"{where}: calls.{name}.pp={alloc.pp}: the plan runtime runs pipeline stages only for "
+                f"{' and '.join(PIPELINE_CALLS)} (pp must be 1 here)"
             )
         spec = (specs or {}).get(CALL_MODEL[name]) or (specs or {}).get("actor")
         if name == "actor_gen" and spec is not None:
@@ -131,30 +137,47 @@ def reward_devices(plan: ExecutionPlan) -> list[int]:
     return leaders(grid(plan.calls["rew_inf"])) if "rew_inf" in plan.calls else []
 
 
-def model_grids(plan: ExecutionPlan) -> dict[str, list[Grid]]:
-    """Role -> the grids its model instances are sharded over: one grid per training model, one
-    single-row grid per inference replica (a replica is one TP group)."""
+def replicas(alloc: CallAllocation) -> list[Pipeline]:
+    """An inference call's replicas, each pp stages of tp devices (``trainer.meshes.pipelines_of``;
+    with pp = 1, one per grid row)."""
+    return pipelines_of(alloc.devices, alloc.pp, alloc.tp)
+
+
+def model_grids(plan: ExecutionPlan) -> dict[str, list[Grid | Pipeline]]:
+    """Role -> the meshes its model instances are sharded over: one grid per training model, one
+    pipeline per inference replica (pp stages, each one TP group)."""
     calls = plan.calls
-    grids: dict[str, list[Grid]] = {
+    grids: dict[str, list[Grid | Pipeline]] = {
         "actor": [grid(calls["actor_train"])],
         "critic": [grid(calls["critic_train"])],
-        "ref": [(row,) for row in grid(calls["ref_inf"])],
+        "ref": list(replicas(calls["ref_inf"])),
     }
     if critic_needs_realloc(plan):
-        grids["critic_inf"] = [(row,) for row in grid(calls["critic_inf"])]
+        grids["critic_inf"] = list(replicas(calls["critic_inf"]))
     return grids
 
 
-def grid_on(plan: ExecutionPlan, role: str, device: int) -> Grid:
-    """The grid of the ``role`` instance that ``device`` holds a shard of."""
-    return next(g for g in model_grids(plan)[role] if any(device in row for row in g))
+def _devices_of(mesh: Grid | Pipeline) -> tuple[int, ...]:
+    return mesh.devices if isinstance(mesh, Pipeline) else tuple(sorted(d for row in mesh for d in row))
+
+
+def grid_on(plan: ExecutionPlan, role: str, device: int) -> Grid | Pipeline:
+    """The grid (training) or pipeline (inference replica) of the ``role`` instance that ``device``
+    holds a shard of."""
+    return next(g for g in model_grids(plan)[role] if device in _devices_of(g))
 
 
 def mesh_groups(plan: ExecutionPlan) -> list[tuple[int, ...]]:
     """Every device set that needs a process group, sorted: each model instance's grid groups
-    (whole grid; with TP its rows and columns) and the unions that reallocation runs over."""
+    (whole grid; with TP its rows and columns), each replica's stage groups and whole pipeline,
+    and the unions that reallocation runs over."""
     calls = plan.calls
-    groups = {g for grids in model_grids(plan).values() for m in grids for g in grid_groups(m)}
+    groups = {
+        g
+        for meshes in model_grids(plan).values()
+        for m in meshes
+        for g in (pipeline_groups(m) if isinstance(m, Pipeline) else grid_groups(m))
+    }
     groups.add(_union(calls["actor_train"], calls["actor_gen"]))
     if critic_needs_realloc(plan):
         groups.add(_union(calls["critic_train"], calls["critic_inf"]))
@@ -165,7 +188,7 @@ def critic_needs_realloc(plan: ExecutionPlan) -> bool:
     """Critic inference runs on replicas of its own unless the plan gives it critic training's
     devices and layout (then it is FSDP/TP forward on the training shards)."""
     inf, train = plan.calls["critic_inf"], plan.calls["critic_train"]
-    return (sorted(inf.devices), inf.dp, inf.tp) != (sorted(train.devices), train.dp, train.tp)
+    return (sorted(inf.devices), inf.pp, inf.dp, inf.tp) != (sorted(train.devices), train.pp, train.dp, train.tp)
 
 
 def _union(a: CallAllocation, b: CallAllocation) -> tuple[int, ...]:
@@ -250,16 +273,31 @@ class DeviceWorker:
             else:
                 self.workers[role] = cls(self._ranks(mesh), **kwargs)
 
-    def _ranks(self, mesh: Grid) -> Any:
-        """This device's ``Ranks`` in a model sharded over ``mesh`` (dp rows x tp columns)."""
+    def _ranks(self, mesh: Grid | Pipeline) -> Any:
+        """This device's ``Ranks`` in a model sharded over ``mesh``: a grid (dp rows x tp columns),
+        or a pipeline, whose stage holding this device is a one-row grid passing hidden states on."""
         from trainer.meshes import column_of, global_grid, row_of
+        from trainer.pipeline import PipelineStage
         from trainer.workers import Ranks
 
+        pipeline = None
+        if isinstance(mesh, Pipeline):
+            stages, s = mesh.stages, mesh.stage_of(self.device)
+            if len(stages) > 1:  # stage s's k-th device talks to the k-th device of its neighbours
+                k = stages[s].index(self.device)
+                pipeline = PipelineStage(
+                    s,
+                    len(stages),
+                    prev=self.rank_of[stages[s - 1][k]] if s > 0 else None,
+                    next=self.rank_of[stages[s + 1][k]] if s + 1 < len(stages) else None,
+                    group=self.groups[mesh.devices],
+                )
+            mesh = (stages[s],)
         devices = tuple(sorted(d for row in mesh for d in row))
         if len(devices) == 1:
-            return Ranks(None, self.dtype, self.backend)
+            return Ranks(None, self.dtype, self.backend, pipeline=pipeline)
         if len(mesh[0]) == 1:  # FSDP (or plain replicas) over the whole group
-            return Ranks(self.groups[devices], self.dtype, self.backend)
+            return Ranks(self.groups[devices], self.dtype, self.backend, pipeline=pipeline)
         return Ranks(
             self.groups[devices],
             self.dtype,
@@ -267,6 +305,7 @@ class DeviceWorker:
             dp_group=self.groups[column_of(mesh, self.device)],
             tp_group=self.groups[row_of(mesh, self.device)],
             grid=global_grid(mesh, self.rank_of),
+            pipeline=pipeline,
         )
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
@@ -556,16 +595,17 @@ class PlanRuntime:
 
     def _data_parallel(self, call: str, role: str, method: str, alloc: CallAllocation, batch: Mapping[str, Any]):
         """Submit ``method`` on each device of ``alloc`` with its replica's row slice of ``batch``
-        (the tp devices of a replica get the same slice); the replicas' first devices report."""
-        rows = grid(alloc)
-        parts = _row_slices(batch, len(rows))
-        devices = [d for row in rows for d in row]
+        (every device of a replica, all its stages and tp ranks, gets the same slice); each
+        replica's last stage's first device reports."""
+        pipes = replicas(alloc)
+        parts = _row_slices(batch, len(pipes))
+        devices = [d for pipe in pipes for d in pipe.devices]
         futures = [
             self.pool.submit(d, "call", role, method, part, alloc.num_microbatches)
-            for row, part in zip(rows, parts)
-            for d in row
+            for pipe, part in zip(pipes, parts)
+            for d in pipe.devices
         ]
-        return call, devices, futures, leaders(rows)
+        return call, devices, futures, [pipe.leader for pipe in pipes]
 
     def infer(self, batch: Mapping[str, torch.Tensor], samples: list[Any]) -> dict[str, Any]:
         """Reward, old logprobs (actor_train's devices), reference logprobs and values, all submitted

@@ -39,6 +39,7 @@ from trainer import batch as B
 from trainer.advantages import masked_sum
 from trainer.config import PPOConfig, SFTConfig
 from trainer.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_clip_range, value_loss
+from trainer.pipeline import PipelineStage, keep_stage, last_stage_inputs
 
 
 class Ranks:
@@ -66,7 +67,10 @@ class Ranks:
         dp_group=None,
         tp_group=None,
         grid: Sequence[Sequence[int]] | None = None,
+        pipeline: PipelineStage | None = None,
     ):
+        """``pipeline``: this rank's stage when the model is one pipeline stage of an inference
+        replica (``trainer.pipeline``); ``group`` and the tp groups are then the stage's own."""
         check_dtype(dtype, "dtype")
         if backend not in ("gloo", "nccl"):
             raise ValueError(f"backend={backend!r}: expected gloo or nccl")
@@ -79,6 +83,7 @@ class Ranks:
         self.dp_group = dp_group if tp_group is not None else group
         self.tp_group = tp_group
         self.grid = [list(row) for row in grid] if grid is not None else None
+        self.pipeline = pipeline
         self.tp_size = len(self.grid[0]) if self.grid is not None else 1
         self.num_dp = self.world_size // self.tp_size
         self.dtype_name = dtype
@@ -176,8 +181,11 @@ def _shard(model: nn.Module, ranks: Ranks) -> nn.Module:
     """TP within each replica (``ranks.tp_size > 1``), then FSDP2 across replicas (``num_dp > 1``).
 
     A single replica stays without FSDP: its parameters are then the TP shards themselves, which
-    reallocation writes into, and ``Ranks.autocast`` gives it the compute dtype.
+    reallocation writes into, and ``Ranks.autocast`` gives it the compute dtype. A pipeline stage
+    (``ranks.pipeline``) first drops what the other stages hold.
     """
+    if ranks.pipeline is not None:
+        keep_stage(model, ranks.pipeline.stage, ranks.pipeline.num_stages)
     if not ranks.sharded:
         return model
     from reallocation.parallelize import apply_fsdp, apply_tp
@@ -197,15 +205,17 @@ def _to_device(batch: Mapping[str, Tensor], device: torch.device) -> dict[str, T
     return {key: value.to(device) for key, value in batch.items()}
 
 
-def response_logits(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
+def response_logits(model: nn.Module, batch: Mapping[str, Tensor], hidden: Tensor | None = None) -> Tensor:
     """Logits that predict each response token: columns P-1 .. L-2 of a causal LM, [B, T, V].
 
     ``logits_to_keep=T + 1`` computes the LM head only on the last T + 1 columns; the last one
-    predicts past the end and is dropped. Prompt logits are never materialized.
+    predicts past the end and is dropped. Prompt logits are never materialized. ``hidden`` [B, L, H]:
+    a pipeline's last stage starts from the hidden states it received instead of the token ids.
     """
     T = batch["response_mask"].shape[1]
     out = model(
-        input_ids=batch["input_ids"],
+        input_ids=batch["input_ids"] if hidden is None else None,
+        inputs_embeds=hidden,
         attention_mask=batch["attention_mask"],
         position_ids=B.position_ids(batch),
         logits_to_keep=T + 1,
@@ -214,11 +224,13 @@ def response_logits(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
     return out.logits[:, :-1]
 
 
-def response_values(model: nn.Module, batch: Mapping[str, Tensor]) -> Tensor:
-    """V(s_t) for each response token t: the value head at column P + t - 1, [B, T] float32."""
+def response_values(model: nn.Module, batch: Mapping[str, Tensor], hidden: Tensor | None = None) -> Tensor:
+    """V(s_t) for each response token t: the value head at column P + t - 1, [B, T] float32
+    (``hidden``: as in ``response_logits``)."""
     T = batch["response_mask"].shape[1]
     out = model(
-        input_ids=batch["input_ids"],
+        input_ids=batch["input_ids"] if hidden is None else None,
+        inputs_embeds=hidden,
         attention_mask=batch["attention_mask"],
         position_ids=B.position_ids(batch),
         use_cache=False,
@@ -230,9 +242,20 @@ def _response_logprobs(model: nn.Module, ranks: Ranks, batch: Mapping[str, Tenso
     T = batch["response_mask"].shape[1]
     batch = _to_device(B.trim_padding(batch), ranks.device)
     with torch.no_grad(), ranks.autocast():
-        logits_BTV = response_logits(model, batch)
+        hidden = _pipeline_inputs(model, ranks, batch)
+        if ranks.pipeline is not None and not ranks.pipeline.is_last:
+            return torch.zeros(batch["input_ids"].shape[0], T)  # the last stage reports
+        logits_BTV = response_logits(model, batch, hidden)
         logprobs_BT = logprobs_from_logits(logits_BTV, B.response_tokens(batch), temperature)
     return B.pad_response_columns((logprobs_BT * batch["response_mask"]).cpu(), T)
+
+
+def _pipeline_inputs(model: nn.Module, ranks: Ranks, batch: Mapping[str, Tensor]) -> Tensor | None:
+    """With pipeline stages: run this rank's stage (``trainer.pipeline.last_stage_inputs``); the
+    last stage gets the hidden states to finish from. None without a pipeline."""
+    if ranks.pipeline is None:
+        return None
+    return last_stage_inputs(model, ranks.pipeline, batch, B.position_ids(batch))
 
 
 def _in_chunks(fn, batch: Mapping[str, Tensor], num_microbatches: int) -> Tensor:
@@ -320,6 +343,8 @@ class _Trainer:
         ``loss_fn(minibatch, num_tokens) -> (loss, {name: scalar})`` returns this rank's share of the
         global-minibatch token mean (the stats too); the shares sum to the global value.
         """
+        if self.ranks.pipeline is not None:
+            raise ValueError("pipeline stages run inference only; a model trained in stages is not supported")
         if part_sizes is None:
             if self.ranks.num_dp > 1:
                 raise ValueError("a data-parallel update needs the caller's row order (batch.update_rows)")
@@ -587,7 +612,10 @@ class CriticWorker:
         T = batch["response_mask"].shape[1]
         batch = _to_device(B.trim_padding(batch), self.ranks.device)
         with torch.no_grad(), self.ranks.autocast():
-            values_BT = response_values(self.model, batch)
+            hidden = _pipeline_inputs(self.model, self.ranks, batch)
+            if self.ranks.pipeline is not None and not self.ranks.pipeline.is_last:
+                return torch.zeros(batch["input_ids"].shape[0], T)  # the last stage reports
+            values_BT = response_values(self.model, batch, hidden)
         return B.pad_response_columns((values_BT * batch["response_mask"]).cpu(), T)
 
     def _value_loss(

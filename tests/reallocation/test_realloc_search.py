@@ -195,9 +195,13 @@ def test_search_returns_a_fitting_plan_no_worse_than_any_fitting_baseline():
 def test_limits_keep_the_candidates_to_what_a_runtime_runs():
     w = Workload(LLAMA_7B, LLAMA_7B, LLAMA_7B, batch=512, prompt_len=128, gen_len=896)
     assert any(a.tp > 1 for a in candidates("actor_gen", w, HW))
-    limited = Workload(**{**w.__dict__, "limits": LayoutLimits(pipeline=False, generation_tp=False)})
+    limited = Workload(**{**w.__dict__, "limits": LayoutLimits(pipeline_calls=(), generation_tp=False)})
     assert all(a.tp == 1 and a.pp == 1 for a in candidates("actor_gen", limited, HW))
     assert all(a.pp == 1 for a in candidates("actor_train", limited, HW))
+    # A runtime that pipelines only some calls (realm's: reference and critic inference).
+    some = Workload(**{**w.__dict__, "limits": LayoutLimits(pipeline_calls=("ref_inf",))})
+    assert any(a.pp > 1 for a in candidates("ref_inf", some, HW))
+    assert all(a.pp == 1 for a in candidates("actor_train", some, HW))
     # Qwen2.5-Math-1.5B has 2 kv heads: without kv replication, tp 4 and 8 (12 heads: tp 4) are gone.
     qwen = Workload(QWEN_1_5B, QWEN_1_5B, None, batch=512, prompt_len=128, gen_len=896)
     no_repl = Workload(**{**qwen.__dict__, "limits": LayoutLimits(kv_replication=False)})

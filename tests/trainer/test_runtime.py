@@ -8,7 +8,7 @@ import torch
 
 from reallocation.execution_plan import CallAllocation, ExecutionPlan
 from reallocation.layout import ModelSpec, full_box
-from trainer.meshes import column_of, dp_index, grid_groups, grid_of, leaders
+from trainer.meshes import Pipeline, column_of, dp_index, grid_groups, grid_of, leaders, pipelines_of
 from trainer.runtime import (
     Event,
     UnsupportedPlan,
@@ -73,8 +73,9 @@ def test_unsupported_layouts_fail_naming_the_call():
     calls = dict(actor_train=one, critic_train=one, critic_inf=one, ref_inf=one)
     gen_tp2 = _plan(actor_gen=CallAllocation((0, 1), tp=2), **calls)
     check_supported(gen_tp2)  # generation TP runs (vLLM replicates the one kv head on both ranks)
-    with pytest.raises(UnsupportedPlan, match=r"calls.ref_inf.pp=2: the plan runtime does not run pipeline stages"):
-        check_supported(_plan(actor_gen=one, **{**calls, "ref_inf": CallAllocation((0, 1), pp=2)}))
+    check_supported(_plan(actor_gen=one, **{**calls, "ref_inf": CallAllocation((0, 1), pp=2)}))  # inference stages run
+    with pytest.raises(UnsupportedPlan, match=r"calls.critic_train.pp=2: the plan runtime runs pipeline stages only"):
+        check_supported(_plan(actor_gen=one, **{**calls, "critic_train": CallAllocation((0, 1), pp=2)}))
     tp2 = _plan(actor_gen=one, **{**calls, "critic_train": CallAllocation((0, 1), tp=2)})
     check_supported(tp2)  # training TP runs
     spec = ModelSpec(2, 128, 384, num_heads=2, num_kv_heads=1, head_dim=64, vocab_size=400, tie_word_embeddings=True)
@@ -130,10 +131,10 @@ def test_grids_and_groups_of_a_tensor_parallel_plan():
     # Rows are replicas (TP groups), columns FSDP groups; devices sorted whatever the plan's order.
     assert grid_on(plan, "actor", 2) == ((0, 1), (2, 3))
     assert (dp_index(((0, 1), (2, 3)), 3), column_of(((0, 1), (2, 3)), 3)) == (1, (1, 3))
-    assert grid_on(plan, "ref", 7) == ((6, 7),)
+    assert grid_on(plan, "ref", 7) == Pipeline(((6, 7),))
     # Same devices as critic training but another layout: critic inference gets replicas of its own.
     assert critic_needs_realloc(plan) and roles_on(plan, 6) == ["critic", "critic_inf", "ref"]
-    assert grid_on(plan, "critic_inf", 5) == ((5,),)
+    assert grid_on(plan, "critic_inf", 5) == Pipeline(((5,),))
     assert mesh_groups(plan) == [
         (0, 1),  # actor replica 0 (TP)
         (0, 1, 2, 3),  # actor_train; also the actor's reallocation union with actor_gen
@@ -148,6 +149,41 @@ def test_grids_and_groups_of_a_tensor_parallel_plan():
         (6, 7),
         (7,),
     ]
+
+
+PIPELINED = _plan(
+    actor_gen=CallAllocation((0, 1), dp=2),
+    actor_train=CallAllocation((0, 1, 2, 3), dp=4),
+    critic_train=CallAllocation((0, 1, 2, 3), dp=4),
+    critic_inf=CallAllocation((4, 5, 6, 7), pp=2, tp=2),
+    ref_inf=CallAllocation((4, 5, 6, 7), pp=2, dp=2),
+)
+
+
+def test_pipeline_replicas_stages_and_groups():
+    """Stages are outermost, as in Layout: ref_inf pp2 dp2 over 4..7 is replica 0 = (4 -> 6),
+    replica 1 = (5 -> 7); critic_inf pp2 tp2 is one replica, stage 0 on 4, 5 and stage 1 on 6, 7."""
+    assert pipelines_of((7, 6, 5, 4), pp=2, tp=1) == [Pipeline(((4,), (6,))), Pipeline(((5,), (7,)))]
+    assert pipelines_of((4, 5, 6, 7), pp=1, tp=2) == [Pipeline(((4, 5),)), Pipeline(((6, 7),))]  # = grid rows
+    assert grid_on(PIPELINED, "ref", 6) == Pipeline(((4,), (6,)))
+    critic = grid_on(PIPELINED, "critic_inf", 5)
+    assert critic == Pipeline(((4, 5), (6, 7))) and (critic.leader, critic.stage_of(7)) == (6, 1)
+    assert critic_needs_realloc(PIPELINED)  # critic training is pp1 dp4 on other devices
+    assert mesh_groups(PIPELINED) == [
+        (0, 1, 2, 3),  # training (and the actor's union with generation)
+        (0, 1, 2, 3, 4, 5, 6, 7),  # the critic's reallocation union
+        (4,),  # critic_inf stage 0's FSDP column of one, as for any TP row
+        (4, 5),  # critic_inf stage 0 (TP)
+        (4, 5, 6, 7),  # the critic_inf pipeline
+        (4, 6),  # ref replica 0's pipeline
+        (5,),
+        (5, 7),  # ref replica 1's pipeline
+        (6,),
+        (6, 7),  # critic_inf stage 1 (TP)
+        (7,),
+    ]
+    with pytest.raises(ValueError, match="3 devices cannot form pipelines of pp=2 x tp=1"):
+        pipelines_of((0, 1, 2), pp=2, tp=1)
 
 
 def test_grid_groups_of_plain_data_parallel_need_no_rows_or_columns():
@@ -296,3 +332,78 @@ def test_reallocation_from_tensor_parallel_training_moves_the_lower_bound(tiny_k
     total = sum(p.numel() * 4 for p in actor.values())
     assert [o["actor"]["bytes_received"] == 0 for o in out] == [True, False, False, True]
     assert all(0 < out[d]["actor"]["bytes_received"] < total for d in (1, 2))
+
+
+def _pipelines(device: int, port: int, model_dir: str, out_dir: str) -> None:
+    """One device worker of a 4-device world: the critic trained as FSDP over devices 0, 1; a
+    reference replica in 2 stages of TP 2 (stage 0 on 0, 1; stage 1 on 2, 3); a critic inference
+    replica in 2 stages (2 -> 3) that gets the trained critic by reallocation."""
+    from tests.trainer.test_workers import make_batch
+    from trainer.meshes import grid_groups, pipeline_groups
+    from trainer.runtime import DeviceWorker
+    from trainer.workers import CriticWorker, RefWorker
+
+    torch.set_num_threads(1)
+    train, ref, critic_inf = ((0,), (1,)), Pipeline(((0, 1), (2, 3))), Pipeline(((2,), (3,)))
+    builders = {"ref": (RefWorker, {"model_dir": model_dir}, ref)}
+    if device < 2:
+        builders["critic"] = (CriticWorker, {"model_dir": model_dir}, train)
+    else:
+        builders["critic_inf"] = (CriticWorker, {"model_dir": model_dir}, critic_inf)
+    groups = sorted({*grid_groups(train), *pipeline_groups(ref), *pipeline_groups(critic_inf)})
+    worker = DeviceWorker(device, (0, 1, 2, 3), "127.0.0.1", port, "gloo", groups, "float32", builders)
+    if device < 2:
+        with torch.no_grad():  # the training weights move away from what the replica loaded
+            for param in worker.workers["critic"].model.parameters():
+                param.to_local().add_(1.0)
+    _, (counts, _, _) = worker.reallocate("critic", "critic_inf", (0, 1), (2, 3))
+    batch = make_batch(num_rows=6)
+    out = {
+        "counts": counts,
+        "ref_logprobs": worker.call("ref", "compute_logprobs", batch, 2),
+        "params": sorted(n for n, _ in worker.workers["ref"].model.named_parameters()),
+    }
+    if device >= 2:
+        out["values"] = worker.call("critic_inf", "compute_values", batch, 2)
+    torch.save(out, f"{out_dir}/device{device}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_pipeline_stages_compute_what_one_process_computes(tiny_kv2_model_dir, tmp_path):
+    """Reference logprobs from 2 stages x TP 2 and critic values from 2 stages (after the trained
+    critic moved into them) equal one unsharded process's, in 2 micro-batches; each stage holds
+    only its part of the model under its HF names and receives only that part."""
+    import torch.multiprocessing as mp
+    from transformers import AutoConfig, AutoModelForTokenClassification
+
+    from tests.conftest import free_port
+    from tests.trainer.test_workers import make_batch
+    from trainer.workers import CriticWorker, RefWorker
+
+    model_dir = str(tiny_kv2_model_dir)
+    mp.spawn(_pipelines, args=(free_port(), model_dir, str(tmp_path)), nprocs=4, join=True)
+    out = [torch.load(tmp_path / f"device{d}.pt") for d in range(4)]
+    batch = make_batch(num_rows=6)
+    ref_logprobs = RefWorker(model_dir=model_dir).compute_logprobs(batch)
+    assert torch.allclose(out[2]["ref_logprobs"], ref_logprobs, atol=1e-5)  # the last stage reports
+    critic = CriticWorker(model_dir=model_dir)
+    with torch.no_grad():
+        for param in critic.model.parameters():
+            param.add_(1.0)
+    assert torch.allclose(out[3]["values"], critic.compute_values(batch), atol=1e-4)
+    stage0 = {"model.embed_tokens.weight"} | {n for n in out[0]["params"] if n.startswith("model.layers.0.")}
+    assert set(out[0]["params"]) == stage0 and out[0]["params"] == out[1]["params"]
+    assert not any(n.startswith("model.layers.0.") for n in out[2]["params"])
+    # The LM head shares the embedding: the last stage holds it too (one tensor, named once).
+    assert {"model.embed_tokens.weight", "model.norm.weight", "model.layers.1.mlp.up_proj.weight"} <= set(
+        out[2]["params"]
+    )
+    config = AutoConfig.from_pretrained(model_dir, num_labels=1)
+    sizes = {
+        n: p.numel() * 4
+        for n, p in AutoModelForTokenClassification.from_pretrained(model_dir, config=config).named_parameters()
+    }
+    first = sum(b for n, b in sizes.items() if n == "model.embed_tokens.weight" or n.startswith("model.layers.0."))
+    received = [o["counts"]["bytes_received"] for o in out]
+    assert received == [0, 0, first, sum(sizes.values()) - first]
+    assert sum(received) == out[0]["counts"]["lower_bound"]
