@@ -74,8 +74,9 @@ def apply_tp(model: nn.Module, tp_mesh: Any) -> nn.Module:
                 "mlp.down_proj": RowwiseParallel(),
             },
         )
-    head: Any = getattr(model, "lm_head", None)
-    embed: Any = base.embed_tokens  # None on pipeline stages that do not embed
+    # On pipeline stages (trainer/pipeline.py) the embedding may be absent and the head a pass-through.
+    head: Any = model.lm_head if isinstance(getattr(model, "lm_head", None), nn.Linear) else None
+    embed: Any = base.embed_tokens
     tied = head is not None and embed is not None and head.weight is embed.weight
     if embed is not None:
         # RowwiseParallel on an Embedding shards the vocabulary (dim 0) and all-reduces the output.

@@ -14,9 +14,10 @@ Data follows the rows: the tp devices of a row see the same batch rows (the same
 shares for an update, the same slice for inference) and only the row's first device reports
 inference outputs.
 
-An inference call with ``pp > 1`` runs on pipelines instead (``pipelines_of``): each replica is
-``pp`` stages of ``tp`` devices; every device of a replica sees the replica's rows and the last
-stage's first device reports. With ``pp = 1`` a pipeline is one grid row.
+With ``pp > 1`` a call runs in pipeline stages: a training call's stages are grids of their own
+(``staged_grid``), an inference call's replicas are ``pp`` stages of ``tp`` devices
+(``pipelines_of``); row r of every stage sees data share r, and the last stage's first device of
+each row reports. With ``pp = 1`` an inference replica is one grid row.
 """
 
 from __future__ import annotations
@@ -74,21 +75,35 @@ def global_grid(grid: Grid, rank_of: Sequence[int] | dict[int, int]) -> list[lis
 
 @dataclass(frozen=True)
 class Pipeline:
-    """One inference replica: ``stages[s]`` are the tp devices of stage s."""
+    """A model cut into stages: ``stages[s]`` is stage s's grid (dp rows x tp devices; an inference
+    replica's stages are one row each). The device at (row, column) of one stage passes activations
+    to the device at the same place in the next: those devices form a pipeline column."""
 
-    stages: tuple[tuple[int, ...], ...]
+    stages: tuple[Grid, ...]
+
+    @classmethod
+    def of_rows(cls, *rows: tuple[int, ...]) -> Pipeline:
+        """An inference replica: one row of tp devices per stage."""
+        return cls(tuple((row,) for row in rows))
 
     @property
     def devices(self) -> tuple[int, ...]:
-        return tuple(sorted(d for stage in self.stages for d in stage))
+        return tuple(sorted(d for stage in self.stages for row in stage for d in row))
 
     @property
     def leader(self) -> int:
-        """The device that reports the replica's outputs: the last stage's first."""
-        return self.stages[-1][0]
+        """The device that reports a replica's outputs: the last stage's first."""
+        return self.stages[-1][0][0]
 
     def stage_of(self, device: int) -> int:
-        return next(s for s, stage in enumerate(self.stages) if device in stage)
+        return next(s for s, stage in enumerate(self.stages) if any(device in row for row in stage))
+
+    def column(self, device: int) -> tuple[int, ...]:
+        """The devices at ``device``'s place in every stage, first stage first."""
+        stage = self.stages[self.stage_of(device)]
+        r = next(i for i, row in enumerate(stage) if device in row)
+        c = stage[r].index(device)
+        return tuple(g[r][c] for g in self.stages)
 
 
 def pipelines_of(devices: Iterable[int], pp: int, tp: int) -> list[Pipeline]:
@@ -97,23 +112,41 @@ def pipelines_of(devices: Iterable[int], pp: int, tp: int) -> list[Pipeline]:
     from index ``(s * dp + r) * tp``. Stages are outermost, so a call spread over nodes puts each
     stage on one node and only stage boundaries cross them (as Megatron-LM orders pp)::
 
-        pipelines_of((0, 1, 2, 3), pp=2, tp=1) == [Pipeline(((0,), (2,))), Pipeline(((1,), (3,)))]
-        pipelines_of((4, 5, 6, 7), pp=1, tp=2) == [Pipeline(((4, 5),)), Pipeline(((6, 7),))]  # grid rows
+        pipelines_of((0, 1, 2, 3), pp=2, tp=1) == [Pipeline.of_rows((0,), (2,)), Pipeline.of_rows((1,), (3,))]
+        pipelines_of((4, 5, 6, 7), pp=1, tp=2) == [Pipeline.of_rows((4, 5)), Pipeline.of_rows((6, 7))]  # grid rows
     """
     ordered = sorted(devices)
     if pp < 1 or tp < 1 or len(ordered) % (pp * tp):
         raise ValueError(f"{len(ordered)} devices cannot form pipelines of pp={pp} x tp={tp}")
     dp = len(ordered) // (pp * tp)
     return [
-        Pipeline(tuple(tuple(ordered[(s * dp + r) * tp : (s * dp + r + 1) * tp]) for s in range(pp))) for r in range(dp)
+        Pipeline.of_rows(*(tuple(ordered[(s * dp + r) * tp : (s * dp + r + 1) * tp]) for s in range(pp)))
+        for r in range(dp)
     ]
 
 
+def staged_grid(devices: Iterable[int], pp: int, tp: int) -> Pipeline:
+    """A training call's ``pp x dp x tp`` devices: stage s is the grid (``grid_of``) of the sorted
+    devices ``s * dp * tp`` onwards; row r of every stage trains on data-parallel share r, so the
+    rows of replica r are ``pipelines_of``'s replica r::
+
+        staged_grid(range(8), pp=2, tp=2).stages == (((0, 1), (2, 3)), ((4, 5), (6, 7)))
+    """
+    ordered = sorted(devices)
+    if pp < 1 or tp < 1 or len(ordered) % (pp * tp):
+        raise ValueError(f"{len(ordered)} devices cannot form pp={pp} stages of rows of tp={tp}")
+    size = len(ordered) // pp
+    return Pipeline(tuple(grid_of(ordered[s * size : (s + 1) * size], tp) for s in range(pp)))
+
+
 def pipeline_groups(pipeline: Pipeline) -> list[tuple[int, ...]]:
-    """The device sets one pipeline replica needs a process group for, sorted: each stage's
-    (``grid_groups`` of a one-row grid) and, with pp > 1, the whole replica (stages pass
-    activations to each other within it)."""
-    groups = {g for stage in pipeline.stages for g in grid_groups((stage,))}
+    """The device sets a pipelined model needs a process group for, sorted: each stage's
+    (``grid_groups``) and, with pp > 1, every pipeline column (activations), every column's first
+    and last device (the shared embedding's gradients) and the whole model (checkpoints)."""
+    groups = {g for stage in pipeline.stages for g in grid_groups(stage)}
     if len(pipeline.stages) > 1:
         groups.add(pipeline.devices)
+        for column in (pipeline.column(d) for row in pipeline.stages[0] for d in row):
+            groups.add(tuple(sorted(column)))
+            groups.add(tuple(sorted((column[0], column[-1]))))
     return sorted(groups)

@@ -1,25 +1,30 @@
-"""Pipeline-parallel inference: one HF model cut into stages, activations passed stage to stage.
+"""Pipeline parallelism: one HF model cut into stages, activations passed stage to stage.
 
 A stage is the ordinary ``transformers`` model with what other stages hold taken out
-(``keep_stage``): decoder blocks outside its run become parameter-free pass-throughs, the
-embedding stays on the first stage (and on the last when the LM head shares it), the final norm
-and the head on the last. Parameter names do not change (``model.layers.5.mlp.up_proj.weight``
-stays that), so reallocation, which matches shards by HF name, moves weights into stages like into
-any other layout. Blocks go to stages as ``reallocation.layout.pipeline_stage_of_layer`` says,
-the split the cost model prices.
+(``keep_stage``): decoder blocks outside its run, and on all but the last stage the final norm
+and the head, become parameter-free pass-throughs; the embedding stays on the first stage (and on
+the last when the LM head shares it). Parameter names do not change (``model.layers.5.mlp.up_proj.weight``
+stays that), so reallocation and checkpoints, which match tensors by name, treat stages like any
+other layout. Blocks go to stages as ``reallocation.layout.pipeline_stage_of_layer`` says, the
+split the cost model prices.
 
-The stages run HF's own forward: the first from token ids, the others from the hidden states
-they receive (``inputs_embeds``); masks and rotary positions are rebuilt from the same batch on
-every stage, so stage k computes exactly what blocks of the unsplit model compute. Every stage
-sees the same rows and cuts them into the same micro-batches, so each knows the shape it
-receives; micro-batch i+1 enters stage 0 while stage 1 computes micro-batch i.
+Every stage runs the whole model's own forward (so FSDP's root hooks, masks and rotary positions
+work unchanged): the first from token ids, the others from the hidden states they receive
+(``inputs_embeds``); a non-last stage's "logits" are its output hidden states, since its norm and
+head pass through. Every stage sees the same rows and cuts them into the same micro-batches, so each
+knows the shape it receives.
 
-Inference only: the runtime refuses pp > 1 for training calls and generation.
+Inference (``last_stage_inputs``): micro-batch i+1 enters stage 0 while stage 1 computes
+micro-batch i. Training (``train_microbatch``): one micro-batch goes forward through the stages and
+its gradient back before the next one starts (no 1F1B interleaving: stages wait on each other),
+the loss on the last stage; the embedding shared by the first and last stages gets the sum of both
+gradients (``sync_tied_grads``, as Megatron-LM's embedding group does) and the gradient norm is
+summed over stages (``pipeline_grad_norm``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,14 +42,24 @@ WIRE_DTYPE = torch.float32
 
 @dataclass(frozen=True)
 class PipelineStage:
-    """Where one rank sits in its replica's pipeline: ``prev`` / ``next`` are the global ranks it
-    receives from and sends to (None at the ends), over ``group`` (the replica's process group)."""
+    """Where one rank sits in its model's pipeline.
+
+    ``prev`` / ``next``: the global ranks it receives from and sends to (None at the ends) over
+    ``group``, this rank's pipeline column (the rank at the same dp/tp position in every stage:
+    activations, gradient norms and stats travel along it); ``first`` / ``last``: the global ranks
+    of that column's first and last stage; ``tie_group``: the first and last of the column (the
+    shared embedding's gradients); ``model_group``: every rank of the model, all stages
+    (checkpoints and full state dicts)."""
 
     stage: int
     num_stages: int
     prev: int | None
     next: int | None
+    first: int
+    last: int
     group: Any = None
+    tie_group: Any = None
+    model_group: Any = None
 
     @property
     def is_first(self) -> bool:
@@ -56,7 +71,7 @@ class PipelineStage:
 
 
 class _HeldElsewhere(nn.Module):
-    """A decoder block another stage holds: hidden states pass through unchanged."""
+    """A block, norm or head another stage holds: hidden states pass through unchanged."""
 
     def forward(self, hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
         return hidden_states
@@ -84,12 +99,18 @@ def keep_stage(model: nn.Module, stage: int, num_stages: int) -> nn.Module:
     if not last:
         base.norm = _HeldElsewhere()
         if head is not None:
-            setattr(model, _head_name(model), None)
+            setattr(model, _head_name(model), _HeldElsewhere())
     return model
 
 
+def shares_embedding(model: nn.Module) -> bool:
+    """Whether the LM head is the embedding (held by the first and the last stage)."""
+    config: Any = model.config
+    return bool(getattr(config, "tie_word_embeddings", False)) and hasattr(model, "lm_head")
+
+
 def _head_name(model: nn.Module) -> str:
-    return next((name for name in ("lm_head", "score") if getattr(model, name, None) is not None), "")
+    return next((name for name in ("lm_head", "score") if isinstance(getattr(model, name, None), nn.Linear)), "")
 
 
 def _head(model: nn.Module) -> Any:
@@ -97,28 +118,112 @@ def _head(model: nn.Module) -> Any:
     return getattr(model, name) if name else None
 
 
-def last_stage_inputs(
-    model: nn.Module, pipe: PipelineStage, batch: Mapping[str, Tensor], position_ids: Tensor
-) -> Tensor | None:
-    """Run this stage's part of the forward on one micro-batch. The last stage gets the hidden
-    states its head's forward starts from (``inputs_embeds``); the other stages compute their
-    blocks, send the result on and get None. Collective over the replica (every stage calls it
-    with the same micro-batch)."""
-    hidden: Tensor | None = None
-    if not pipe.is_first:
-        rows, cols = batch["input_ids"].shape
-        config: Any = model.config
-        width = int(config.hidden_size)
-        hidden = torch.empty(rows, cols, width, dtype=WIRE_DTYPE, device=batch["input_ids"].device)
-        dist.recv(hidden, src=pipe.prev, group=pipe.group)
-    if pipe.is_last:
-        return hidden
-    out = _base(model)(
+def _receive(model: nn.Module, pipe: PipelineStage, batch: Mapping[str, Tensor]) -> Tensor:
+    rows, cols = batch["input_ids"].shape
+    config: Any = model.config
+    hidden = torch.empty(rows, cols, int(config.hidden_size), dtype=WIRE_DTYPE, device=batch["input_ids"].device)
+    dist.recv(hidden, src=pipe.prev, group=pipe.group)
+    return hidden
+
+
+def _stage_output(model: nn.Module, batch: Mapping[str, Tensor], position_ids: Tensor, hidden: Tensor | None) -> Tensor:
+    """A non-last stage's output hidden states (its norm and head pass through)."""
+    return model(
         input_ids=batch["input_ids"] if hidden is None else None,
         inputs_embeds=hidden,
         attention_mask=batch["attention_mask"],
         position_ids=position_ids,
         use_cache=False,
-    )
-    dist.send(out.last_hidden_state.to(WIRE_DTYPE).contiguous(), dst=pipe.next, group=pipe.group)
+    ).logits
+
+
+def last_stage_inputs(
+    model: nn.Module, pipe: PipelineStage, batch: Mapping[str, Tensor], position_ids: Tensor
+) -> Tensor | None:
+    """Run this stage's part of the forward on one micro-batch. The last stage gets the hidden
+    states its head's forward starts from (``inputs_embeds``); the other stages compute their
+    blocks, send the result on and get None. Collective over the pipeline column (every stage
+    calls it with the same micro-batch)."""
+    hidden = None if pipe.is_first else _receive(model, pipe, batch)
+    if pipe.is_last:
+        return hidden
+    out = _stage_output(model, batch, position_ids, hidden)
+    dist.send(out.to(WIRE_DTYPE).contiguous(), dst=pipe.next, group=pipe.group)
     return None
+
+
+def train_microbatch(
+    model: nn.Module,
+    pipe: PipelineStage,
+    batch: Mapping[str, Tensor],
+    position_ids: Tensor,
+    last_stage_loss: Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]],
+    scale: float,
+) -> tuple[Tensor, dict[str, Tensor]] | None:
+    """Forward and backward of one micro-batch through the stages (collective over the column).
+
+    The last stage computes ``last_stage_loss(hidden)`` from the hidden states it receives and
+    backpropagates ``loss * scale``; every stage then sends the gradient of its input back. Returns
+    (loss, stats) on the last stage, None on the others.
+    """
+    hidden = None if pipe.is_first else _receive(model, pipe, batch).requires_grad_()
+    result = None
+    if pipe.is_last:
+        assert hidden is not None
+        loss, stats = last_stage_loss(hidden)
+        (loss * scale).backward()
+        result = (loss, stats)
+    else:
+        out = _stage_output(model, batch, position_ids, hidden)
+        dist.send(out.detach().to(WIRE_DTYPE).contiguous(), dst=pipe.next, group=pipe.group)
+        grad = torch.empty(out.shape, dtype=WIRE_DTYPE, device=out.device)
+        dist.recv(grad, src=pipe.next, group=pipe.group)
+        out.backward(grad.to(out.dtype))
+    if hidden is not None:
+        grad_in = hidden.grad if hidden.grad is not None else torch.zeros_like(hidden)
+        dist.send(grad_in.contiguous(), dst=pipe.prev, group=pipe.group)
+    return result
+
+
+def _local(t: Tensor) -> Tensor:
+    return t.to_local() if hasattr(t, "to_local") else t
+
+
+def sync_tied_grads(model: nn.Module, pipe: PipelineStage) -> None:
+    """Sum the shared embedding's gradient over the first and last stage, which both hold it
+    (the first uses it to embed, the last as the LM head); their shards line up, as both stages
+    have the same dp x tp grid. Collective over the column's first and last rank."""
+    if not shares_embedding(model) or not (pipe.is_first or pipe.is_last):
+        return
+    weight = _base(model).embed_tokens.weight
+    grad: Any = weight.grad if weight.grad is not None else torch.zeros_like(weight)
+    placements = getattr(weight, "placements", None)
+    if placements is not None and grad.placements != placements:
+        # A vocab-parallel embedding's gradient comes back replicated; the head's, sharded like the weight.
+        grad = grad.redistribute(weight.device_mesh, placements)
+    weight.grad = grad
+    dist.all_reduce(_local(grad), group=pipe.tie_group)
+
+
+def counted_in_norm(model: nn.Module, pipe: PipelineStage) -> list[nn.Parameter]:
+    """This stage's parameters for the global gradient norm: the last stage's copy of the shared
+    embedding is left out, so that it counts once."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    if pipe.is_last and not pipe.is_first and shares_embedding(model):
+        tied = _base(model).embed_tokens.weight
+        params = [p for p in params if p is not tied]
+    return params
+
+
+def sum_over_stages(value: Tensor, pipe: PipelineStage) -> Tensor:
+    """``value`` summed over the column's stages (each stage's gradient norms squared, say)."""
+    value = value.clone()
+    dist.all_reduce(value, group=pipe.group)
+    return value
+
+
+def from_last_stage(obj: Any, pipe: PipelineStage) -> Any:
+    """The last stage's ``obj`` (stats), on every stage of the column."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=pipe.last, group=pipe.group)
+    return box[0]

@@ -4,8 +4,8 @@ Deployment (``PlanRuntime.start``)::
 
     one placement group, one bundle per plan device         reallocation.ray_workers.DevicePool
     one DeviceWorker process per device, hosting every model shard the plan puts there:
-        "actor"      PolicyWorker over actor_train's grid (also computes the old logprobs)
-        "critic"     CriticWorker over critic_train's grid (also critic_inf when the plan gives
+        "actor"      PolicyWorker over actor_train's grid or stages (also computes the old logprobs)
+        "critic"     CriticWorker over critic_train's grid or stages (also critic_inf when the plan gives
                      critic_inf the same devices and layout: sharded forward = inference)
         "critic_inf" CriticWorker replicas over critic_inf's pipelines, when its devices or layout differ
         "ref"        RefWorker replicas over ref_inf's pipelines (one per replica; with pp = 1 a
@@ -34,11 +34,12 @@ does not hold (the lower bound), and passes an engine rank's boxes to the engine
 (``VLLMEngine.load_shards``).
 Each call reports its start and end per device (``Event``) for the metrics and the timeline picture.
 
-Supported layouts: training dp x tp (tp must divide the kv heads); reference and critic inference
-pp x dp x tp (``trainer.pipeline``: each replica's stages pass hidden states on; tp divides the kv
-heads); generation dp x tp (vLLM's rules: tp divides the heads, kv heads are replicated when tp
-exceeds them); reward inference dp (one unsharded replica per row). Other plans (pp > 1 in training,
-generation or reward inference) are rejected at start naming the call and field.
+Supported layouts: training and inference pp x dp x tp (tp must divide the kv heads; with pp > 1
+the model is cut into stages that pass hidden states on, ``trainer.pipeline``: a training call's
+stages are dp x tp grids, ``trainer.meshes.staged_grid``, an inference call's replicas one row per
+stage, ``pipelines_of``); generation dp x tp (vLLM's rules: tp divides the heads, kv heads are
+replicated when tp exceeds them); reward inference dp (one unsharded replica per row). Other plans
+(pp > 1 in generation or reward inference) are rejected at start naming the call and field.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ from reallocation.estimator import LayoutLimits
 from reallocation.execution_plan import CALL_MODEL, CallAllocation, ExecutionPlan
 from reallocation.layout import Holdings, ModelSpec
 from rewards.types import merge_reward_batches
-from trainer.meshes import Grid, Pipeline, grid_groups, grid_of, leaders, pipeline_groups, pipelines_of
+from trainer.meshes import Grid, Pipeline, grid_groups, grid_of, leaders, pipeline_groups, pipelines_of, staged_grid
 
 # Runtime steps that the plan does not name: old logprobs run on actor_train's devices.
 ACTOR_INF = "actor_inf"
@@ -75,10 +76,13 @@ class Event:
     end: float
 
 
-# Calls the runtime runs in pipeline stages (inference replicas; ``trainer.pipeline``).
-PIPELINE_CALLS = ("ref_inf", "critic_inf")
+# Calls the runtime runs in pipeline stages (``trainer.pipeline``); vLLM generation and the
+# reward replicas are not split.
+PIPELINE_CALLS = ("actor_train", "critic_train", "ref_inf", "critic_inf")
 # What check_supported lets through, for the plan search (``cluster.plan=search`` looks only at these).
-RUNTIME_LIMITS = LayoutLimits(pipeline_calls=PIPELINE_CALLS, generation_tp=True, kv_replication=False)
+RUNTIME_LIMITS = LayoutLimits(
+    pipeline_calls=PIPELINE_CALLS, sequential_training_stages=True, generation_tp=True, kv_replication=False
+)
 
 
 def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None = None) -> None:
@@ -143,13 +147,18 @@ def replicas(alloc: CallAllocation) -> list[Pipeline]:
     return pipelines_of(alloc.devices, alloc.pp, alloc.tp)
 
 
+def training_mesh(alloc: CallAllocation) -> Grid | Pipeline:
+    """A training call's mesh: its grid, or with pp > 1 its stages' grids (``staged_grid``)."""
+    return grid(alloc) if alloc.pp == 1 else staged_grid(alloc.devices, alloc.pp, alloc.tp)
+
+
 def model_grids(plan: ExecutionPlan) -> dict[str, list[Grid | Pipeline]]:
     """Role -> the meshes its model instances are sharded over: one grid per training model, one
     pipeline per inference replica (pp stages, each one TP group)."""
     calls = plan.calls
     grids: dict[str, list[Grid | Pipeline]] = {
-        "actor": [grid(calls["actor_train"])],
-        "critic": [grid(calls["critic_train"])],
+        "actor": [training_mesh(calls["actor_train"])],
+        "critic": [training_mesh(calls["critic_train"])],
         "ref": list(replicas(calls["ref_inf"])),
     }
     if critic_needs_realloc(plan):
@@ -282,17 +291,21 @@ class DeviceWorker:
 
         pipeline = None
         if isinstance(mesh, Pipeline):
-            stages, s = mesh.stages, mesh.stage_of(self.device)
-            if len(stages) > 1:  # stage s's k-th device talks to the k-th device of its neighbours
-                k = stages[s].index(self.device)
+            s, column = mesh.stage_of(self.device), mesh.column(self.device)
+            if len(mesh.stages) > 1:  # this device talks to the devices at its place in the other stages
+                rank = [self.rank_of[d] for d in column]
                 pipeline = PipelineStage(
                     s,
-                    len(stages),
-                    prev=self.rank_of[stages[s - 1][k]] if s > 0 else None,
-                    next=self.rank_of[stages[s + 1][k]] if s + 1 < len(stages) else None,
-                    group=self.groups[mesh.devices],
+                    len(column),
+                    prev=rank[s - 1] if s > 0 else None,
+                    next=rank[s + 1] if s + 1 < len(column) else None,
+                    first=rank[0],
+                    last=rank[-1],
+                    group=self.groups[tuple(sorted(column))],
+                    tie_group=self.groups[tuple(sorted((column[0], column[-1])))],
+                    model_group=self.groups[mesh.devices],
                 )
-            mesh = (stages[s],)
+            mesh = mesh.stages[s]
         devices = tuple(sorted(d for row in mesh for d in row))
         if len(devices) == 1:
             return Ranks(None, self.dtype, self.backend, pipeline=pipeline)
@@ -650,21 +663,22 @@ class PlanRuntime:
     ):
         from trainer.batch import num_rows, select, update_rows, update_seed
 
-        rows = grid(alloc)
+        # Data-parallel share i goes to row i of every stage (its tp devices train on the same rows).
+        shards = [pipe.devices for pipe in replicas(alloc)]
         shares, sizes = update_rows(
             num_rows(batch),
             self.ppo.num_epochs,
             self.ppo.num_minibatches,
-            len(rows),  # data-parallel ranks: the tp devices of a row train on the same shares
+            len(shards),
             update_seed(self.seed, iteration),
         )
         # Every rank runs the same number of micro-batches (FSDP's collectives pair up), at most one per row.
         num_micro = min([alloc.num_microbatches] + [n for s in sizes for n in s])
-        devices = [d for row in rows for d in row]
+        devices = [d for shard in shards for d in shard]
         futures = [
             self.pool.submit(d, "call", role, "update", select(batch, shares[i]), sizes[i], num_micro)
-            for i, row in enumerate(rows)
-            for d in row
+            for i, shard in enumerate(shards)
+            for d in shard
         ]
         return call, devices, futures
 

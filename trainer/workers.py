@@ -13,7 +13,9 @@ are token means over the *global* minibatch (the token count is all-reduced), an
 gradients over ranks, so each rank backpropagates ``num_dp * its share``: N ranks take
 exactly the step one rank would take on the whole minibatch. Stats are all-reduced the same way,
 so every rank returns the global numbers. With tensor parallelism (``Ranks(tp_group=...)``) only
-the dp ranks split the rows; the tp ranks of one replica compute on the same rows.
+the dp ranks split the rows; the tp ranks of one replica compute on the same rows. With pipeline
+stages (``Ranks(pipeline=...)``, ``trainer/pipeline.py``) each rank holds one stage's blocks, the
+stages of a data share see the same rows, and the last stage computes the loss and the stats.
 
 Precision: parameters and optimizer state are float32; ``dtype`` is the compute dtype (FSDP2
 mixed precision with N ranks, autocast with one). Dropout is off everywhere (``model.eval()``):
@@ -39,7 +41,17 @@ from trainer import batch as B
 from trainer.advantages import masked_sum
 from trainer.config import PPOConfig, SFTConfig
 from trainer.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_clip_range, value_loss
-from trainer.pipeline import PipelineStage, keep_stage, last_stage_inputs
+from trainer.pipeline import (
+    PipelineStage,
+    counted_in_norm,
+    from_last_stage,
+    keep_stage,
+    last_stage_inputs,
+    shares_embedding,
+    sum_over_stages,
+    sync_tied_grads,
+    train_microbatch,
+)
 
 
 class Ranks:
@@ -134,11 +146,26 @@ class Ranks:
 
     @property
     def sharded(self) -> bool:
+        """More than one rank in this stage's group (FSDP and/or TP)."""
         return self.world_size > 1
 
     @property
+    def model_group(self):
+        """Every rank holding part of the model: the stage's group, or all stages of a pipeline."""
+        return self.pipeline.model_group if self.pipeline is not None else self.group
+
+    @property
+    def model_rank(self) -> int:
+        return dist.get_rank(self.model_group) if self.model_group is not None else 0
+
+    @property
+    def model_sharded(self) -> bool:
+        return self.pipeline is not None or self.sharded
+
+    @property
     def first_global_rank(self) -> int:
-        return self.global_ranks[0]
+        """The model group's first rank (it assembles full state dicts)."""
+        return dist.get_process_group_ranks(self.model_group)[0] if self.model_group is not None else 0
 
     def all_reduce_sum(self, x: Tensor) -> Tensor:
         """Sum over the data-parallel ranks (tp ranks of one replica hold the same value)."""
@@ -148,8 +175,9 @@ class Ranks:
         return x
 
     def barrier(self) -> None:
-        if self.sharded:
-            dist.barrier(group=self.group)
+        """Wait for every rank of the model (all pipeline stages)."""
+        if self.model_sharded:
+            dist.barrier(group=self.model_group)
 
     def autocast(self):
         """Mixed precision without FSDP (one replica); FSDP2's MixedPrecisionPolicy does it otherwise."""
@@ -281,25 +309,33 @@ def _checkpoint_activations(model: nn.Module) -> None:
     apply_activation_checkpointing(model, check_fn=lambda m: m in blocks)
 
 
-def _global_grad_norm_clip(model: nn.Module, max_norm: float) -> Tensor:
+def _by_mesh(grads: Sequence[Tensor]) -> dict[Any, list[Tensor]]:
+    by_mesh: dict[Any, list[Tensor]] = {}
+    for grad in grads:
+        by_mesh.setdefault(getattr(grad, "device_mesh", None), []).append(grad)
+    return by_mesh
+
+
+def _global_grad_norm_clip(model: nn.Module, max_norm: float, pipe: PipelineStage | None = None) -> Tensor:
     """Clip the (possibly sharded) gradients to ``max_norm``; returns the pre-clip global norm.
 
     With TP under FSDP the gradients live on two meshes (TP-sharded weights on ("dp", "tp"),
     replicated norms and heads on "dp" alone), which one ``clip_grad_norm_`` cannot combine: the
     squared norm of each mesh's gradients is reduced over that mesh, and the sum is the global one.
+    A pipeline stage (``pipe``) adds the other stages' squares (``trainer.pipeline``).
     """
     grads = [p.grad for p in model.parameters() if p.grad is not None]
-    by_mesh: dict[Any, list[Tensor]] = {}
-    for grad in grads:
-        by_mesh.setdefault(getattr(grad, "device_mesh", None), []).append(grad)
-    if len(by_mesh) <= 1:
+    by_mesh = _by_mesh(grads)
+    if pipe is None and len(by_mesh) <= 1:
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
         return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-    squares = []
-    for mesh_grads in by_mesh.values():
+    squares = [torch.zeros((), device=grads[0].device if grads else None)]
+    counted = grads if pipe is None else [p.grad for p in counted_in_norm(model, pipe) if p.grad is not None]
+    for mesh_grads in _by_mesh(counted).values():
         norm = torch.nn.utils.get_total_norm(mesh_grads, 2.0)
         squares.append((norm.full_tensor() if hasattr(norm, "full_tensor") else norm) ** 2)
-    total = torch.stack(squares).sum().sqrt()
+    total_sq = torch.stack(squares).sum()
+    total = (total_sq if pipe is None else sum_over_stages(total_sq, pipe)).sqrt()
     # clip_grad_norm_'s coefficient, applied per mesh (a plain tensor cannot scale DTensors in one foreach).
     coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
     for mesh_grads in by_mesh.values():
@@ -343,8 +379,6 @@ class _Trainer:
         ``loss_fn(minibatch, num_tokens) -> (loss, {name: scalar})`` returns this rank's share of the
         global-minibatch token mean (the stats too); the shares sum to the global value.
         """
-        if self.ranks.pipeline is not None:
-            raise ValueError("pipeline stages run inference only; a model trained in stages is not supported")
         if part_sizes is None:
             if self.ranks.num_dp > 1:
                 raise ValueError("a data-parallel update needs the caller's row order (batch.update_rows)")
@@ -360,35 +394,66 @@ class _Trainer:
         lr = self.optimizer.param_groups[0]["lr"]
         sums: dict[str, Tensor] = {}
         grad_norms = []
-        num_steps = 0
         offset = 0
         for size in part_sizes:
             minibatch = {k: v[offset : offset + size] for k, v in batch.items()}
             offset += size
-            num_tokens = self.ranks.all_reduce_sum(minibatch["response_mask"].sum().float())
-            for micro_rows in B.microbatch_rows(minibatch, num_microbatches):
-                micro = B.trim_padding(B.select(minibatch, micro_rows))
-                with self.ranks.autocast():
-                    loss, stats = loss_fn(micro, num_tokens)
-                # FSDP averages gradients over dp ranks; our loss is this rank's share of a sum.
-                (loss * self.ranks.num_dp).backward()
-                for name, value in {"loss": loss.detach(), **stats}.items():
-                    sums[name] = sums.get(name, 0.0) + value.detach().float()
-            grad_norm = _global_grad_norm_clip(self.model, self.ppo.max_grad_norm)
-            if torch.isfinite(grad_norm):
-                self.optimizer.step()
-            # else: skip the step so a NaN/inf never reaches the weights; the stats report it.
-            self.optimizer.zero_grad(set_to_none=True)
-            grad_norms.append(grad_norm.detach().float().cpu())
-            num_steps += 1
+            grad_norms.append(self._step(minibatch, loss_fn, num_microbatches, sums))
         self.scheduler.step()
         self.num_updates += 1
-        names = sorted(sums)
-        totals = self.ranks.all_reduce_sum(torch.stack([sums[n] for n in names])).cpu() / num_steps
-        out = {name: float(v) for name, v in zip(names, totals)}
+        out: dict[str, float] = {}
+        if sums:  # the last pipeline stage (or no pipeline) holds the losses and stats
+            names = sorted(sums)
+            totals = self.ranks.all_reduce_sum(torch.stack([sums[n] for n in names])).cpu() / len(part_sizes)
+            out = {name: float(v) for name, v in zip(names, totals)}
+        if self.ranks.pipeline is not None:
+            out = from_last_stage(out, self.ranks.pipeline)
         out["grad_norm"] = float(torch.stack(grad_norms).mean())
         out["lr"] = lr
         return out
+
+    def _step(self, minibatch: Mapping[str, Tensor], loss_fn, num_microbatches: int, sums: dict[str, Tensor]) -> Tensor:
+        """One optimizer step on one minibatch in ``num_microbatches`` passes; adds the stats to
+        ``sums`` and returns the pre-clip gradient norm."""
+        num_tokens = self.ranks.all_reduce_sum(minibatch["response_mask"].sum().float())
+        for micro_rows in B.microbatch_rows(minibatch, num_microbatches):
+            micro = B.trim_padding(B.select(minibatch, micro_rows))
+            with self.ranks.autocast():
+                result = self._forward_backward(micro, num_tokens, loss_fn)
+            if result is None:  # a pipeline stage before the last: no loss here
+                continue
+            loss, stats = result
+            for name, value in {"loss": loss.detach(), **stats}.items():
+                sums[name] = sums.get(name, 0.0) + value.detach().float()
+        pipe = self.ranks.pipeline
+        if pipe is not None:
+            sync_tied_grads(self.model, pipe)
+        grad_norm = _global_grad_norm_clip(self.model, self.ppo.max_grad_norm, pipe)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        # else: skip the step so a NaN/inf never reaches the weights; the stats report it.
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm.detach().float().cpu()
+
+    def _forward_backward(
+        self, micro: Mapping[str, Tensor], num_tokens: Tensor, loss_fn
+    ) -> tuple[Tensor, dict[str, Tensor]] | None:
+        """Loss and backward of one micro-batch (through the stages with a pipeline; None on
+        stages before the last). FSDP averages gradients over dp ranks and our loss is this rank's
+        share of a sum, so the backward scales it by ``num_dp``."""
+        pipe = self.ranks.pipeline
+        if pipe is None:
+            loss, stats = loss_fn(micro, num_tokens)
+            (loss * self.ranks.num_dp).backward()
+            return loss, stats
+        return train_microbatch(
+            self.model,
+            pipe,
+            micro,
+            B.position_ids(micro),
+            lambda hidden: loss_fn(micro, num_tokens, hidden),
+            self.ranks.num_dp,
+        )
 
     def state_dict_extra(self) -> dict[str, Any]:
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
@@ -417,10 +482,10 @@ class _Trainer:
             dcp.save(
                 {"model": model_state, "optim": optim_state},
                 checkpoint_id=str(directory / "dcp"),
-                no_dist=not self.ranks.sharded,
-                process_group=self.ranks.group,
+                no_dist=not self.ranks.model_sharded,
+                process_group=self.ranks.model_group,
             )
-        torch.save(self.state_dict_extra(), directory / f"extra_rank{self.ranks.rank}.pt")
+        torch.save(self.state_dict_extra(), directory / f"extra_rank{self.ranks.model_rank}.pt")
         self.ranks.barrier()  # the caller renames the directory once every rank has written
 
     def load(self, directory: str | Path) -> None:
@@ -434,11 +499,11 @@ class _Trainer:
             dcp.load(
                 state,
                 checkpoint_id=str(directory / "dcp"),
-                no_dist=not self.ranks.sharded,
-                process_group=self.ranks.group,
+                no_dist=not self.ranks.model_sharded,
+                process_group=self.ranks.model_group,
             )
         set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-        extra = directory / f"extra_rank{self.ranks.rank}.pt"
+        extra = directory / f"extra_rank{self.ranks.model_rank}.pt"
         if not extra.exists():  # saved with another world size: rank 0's schedule is everyone's
             extra = directory / "extra_rank0.pt"
         self.load_state_dict_extra(torch.load(extra, weights_only=False))
@@ -484,9 +549,11 @@ class PolicyWorker:
             lambda b: _response_logprobs(self.model, self.ranks, b, self.temperature), batch, num_microbatches
         )
 
-    def _policy_loss(self, minibatch: Mapping[str, Tensor], num_tokens: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def _policy_loss(
+        self, minibatch: Mapping[str, Tensor], num_tokens: Tensor, hidden: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         mask_BT = minibatch["response_mask"]
-        logits_BTV = response_logits(self.model, minibatch)
+        logits_BTV = response_logits(self.model, minibatch, hidden)
         logprobs_BT = logprobs_from_logits(logits_BTV, B.response_tokens(minibatch), self.temperature)
         loss, stats = policy_loss(
             logprobs_BT, minibatch["old_logprobs"], minibatch["advantages"], mask_BT, self.ppo.clip_eps, num_tokens
@@ -514,7 +581,10 @@ class PolicyWorker:
 
     def sft_step(self, batch: Mapping[str, Tensor]) -> float:
         """One supervised step on the response tokens (the reference solutions); returns the global
-        mean NLL per response token. Uses its own AdamW at ``sft.lr`` on ``sft.lr_schedule``, not the PPO one."""
+        mean NLL per response token. Uses its own AdamW at ``sft.lr`` on ``sft.lr_schedule``, not the PPO one.
+        The warm-up runs before the plan is deployed (``trainer/sft.py``), never on pipeline stages."""
+        if self.ranks.pipeline is not None:
+            raise ValueError("sft_step runs on a whole model, not on a pipeline stage")
         if self._sft_optimizer is None:
             self._sft_optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.sft.lr, weight_decay=0.0)
             self._sft_scheduler = build_lr_scheduler(
@@ -619,9 +689,13 @@ class CriticWorker:
         return B.pad_response_columns((values_BT * batch["response_mask"]).cpu(), T)
 
     def _value_loss(
-        self, minibatch: Mapping[str, Tensor], num_tokens: Tensor, clip_range: float | None
+        self,
+        minibatch: Mapping[str, Tensor],
+        num_tokens: Tensor,
+        clip_range: float | None,
+        hidden: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        values_BT = response_values(self.model, minibatch)
+        values_BT = response_values(self.model, minibatch, hidden)
         loss, stats = value_loss(
             values_BT,
             minibatch["values"],
@@ -650,7 +724,7 @@ class CriticWorker:
         )
         stats = self.trainer.run(
             batch,
-            lambda minibatch, num_tokens: self._value_loss(minibatch, num_tokens, clip_range),
+            lambda minibatch, num_tokens, hidden=None: self._value_loss(minibatch, num_tokens, clip_range, hidden),
             part_sizes,
             num_microbatches,
         )
@@ -715,14 +789,16 @@ def _full_state_dict(model: nn.Module, ranks: Ranks, dtype: torch.dtype | None =
     from reallocation.sync import clean_name, drain, iter_full_weights
 
     dtype = dtype or ranks.compute_dtype
-    if ranks.sharded:
-        weights = iter_full_weights(model, dst_rank=ranks.first_global_rank, dtype=dtype, group=ranks.group)
+    if ranks.model_sharded:
+        weights = iter_full_weights(model, dst_rank=ranks.first_global_rank, dtype=dtype, group=ranks.model_group)
     else:  # one rank (maybe inside a larger world): nothing to move
         weights = ((clean_name(n), p) for n, p in model.named_parameters())
-    if ranks.rank != 0:
+    if ranks.model_rank != 0:
         drain(weights)
         return None
     state = {name: tensor.detach().to("cpu", dtype).clone() for name, tensor in weights}
+    if ranks.pipeline is not None and shares_embedding(model):  # the first stage's head is a pass-through
+        state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
     # named_parameters() lists a tied parameter once; the HF state dict has it under every name.
     names_by_param: dict[int, list[str]] = {}
     for name, param in model.named_parameters(remove_duplicate=False):

@@ -8,7 +8,7 @@ import torch
 
 from reallocation.execution_plan import CallAllocation, ExecutionPlan
 from reallocation.layout import ModelSpec, full_box
-from trainer.meshes import Pipeline, column_of, dp_index, grid_groups, grid_of, leaders, pipelines_of
+from trainer.meshes import Pipeline, column_of, dp_index, grid_groups, grid_of, leaders, pipelines_of, staged_grid
 from trainer.runtime import (
     Event,
     UnsupportedPlan,
@@ -73,9 +73,10 @@ def test_unsupported_layouts_fail_naming_the_call():
     calls = dict(actor_train=one, critic_train=one, critic_inf=one, ref_inf=one)
     gen_tp2 = _plan(actor_gen=CallAllocation((0, 1), tp=2), **calls)
     check_supported(gen_tp2)  # generation TP runs (vLLM replicates the one kv head on both ranks)
-    check_supported(_plan(actor_gen=one, **{**calls, "ref_inf": CallAllocation((0, 1), pp=2)}))  # inference stages run
-    with pytest.raises(UnsupportedPlan, match=r"calls.critic_train.pp=2: the plan runtime runs pipeline stages only"):
-        check_supported(_plan(actor_gen=one, **{**calls, "critic_train": CallAllocation((0, 1), pp=2)}))
+    for call in ("ref_inf", "critic_train"):  # training and inference run in pipeline stages
+        check_supported(_plan(actor_gen=one, **{**calls, call: CallAllocation((0, 1), pp=2)}))
+    with pytest.raises(UnsupportedPlan, match=r"calls.actor_gen.pp=2: the plan runtime runs pipeline stages only"):
+        check_supported(_plan(actor_gen=CallAllocation((0, 1), pp=2), **calls))
     tp2 = _plan(actor_gen=one, **{**calls, "critic_train": CallAllocation((0, 1), tp=2)})
     check_supported(tp2)  # training TP runs
     spec = ModelSpec(2, 128, 384, num_heads=2, num_kv_heads=1, head_dim=64, vocab_size=400, tie_word_embeddings=True)
@@ -131,10 +132,10 @@ def test_grids_and_groups_of_a_tensor_parallel_plan():
     # Rows are replicas (TP groups), columns FSDP groups; devices sorted whatever the plan's order.
     assert grid_on(plan, "actor", 2) == ((0, 1), (2, 3))
     assert (dp_index(((0, 1), (2, 3)), 3), column_of(((0, 1), (2, 3)), 3)) == (1, (1, 3))
-    assert grid_on(plan, "ref", 7) == Pipeline(((6, 7),))
+    assert grid_on(plan, "ref", 7) == Pipeline.of_rows((6, 7))
     # Same devices as critic training but another layout: critic inference gets replicas of its own.
     assert critic_needs_realloc(plan) and roles_on(plan, 6) == ["critic", "critic_inf", "ref"]
-    assert grid_on(plan, "critic_inf", 5) == Pipeline(((5,),))
+    assert grid_on(plan, "critic_inf", 5) == Pipeline.of_rows((5,))
     assert mesh_groups(plan) == [
         (0, 1),  # actor replica 0 (TP)
         (0, 1, 2, 3),  # actor_train; also the actor's reallocation union with actor_gen
@@ -163,11 +164,11 @@ PIPELINED = _plan(
 def test_pipeline_replicas_stages_and_groups():
     """Stages are outermost, as in Layout: ref_inf pp2 dp2 over 4..7 is replica 0 = (4 -> 6),
     replica 1 = (5 -> 7); critic_inf pp2 tp2 is one replica, stage 0 on 4, 5 and stage 1 on 6, 7."""
-    assert pipelines_of((7, 6, 5, 4), pp=2, tp=1) == [Pipeline(((4,), (6,))), Pipeline(((5,), (7,)))]
-    assert pipelines_of((4, 5, 6, 7), pp=1, tp=2) == [Pipeline(((4, 5),)), Pipeline(((6, 7),))]  # = grid rows
-    assert grid_on(PIPELINED, "ref", 6) == Pipeline(((4,), (6,)))
+    assert pipelines_of((7, 6, 5, 4), pp=2, tp=1) == [Pipeline.of_rows((4,), (6,)), Pipeline.of_rows((5,), (7,))]
+    assert pipelines_of((4, 5, 6, 7), pp=1, tp=2) == [Pipeline.of_rows((4, 5)), Pipeline.of_rows((6, 7))]  # = grid rows
+    assert grid_on(PIPELINED, "ref", 6) == Pipeline.of_rows((4,), (6,))
     critic = grid_on(PIPELINED, "critic_inf", 5)
-    assert critic == Pipeline(((4, 5), (6, 7))) and (critic.leader, critic.stage_of(7)) == (6, 1)
+    assert critic == Pipeline.of_rows((4, 5), (6, 7)) and (critic.leader, critic.stage_of(7)) == (6, 1)
     assert critic_needs_realloc(PIPELINED)  # critic training is pp1 dp4 on other devices
     assert mesh_groups(PIPELINED) == [
         (0, 1, 2, 3),  # training (and the actor's union with generation)
@@ -184,6 +185,17 @@ def test_pipeline_replicas_stages_and_groups():
     ]
     with pytest.raises(ValueError, match="3 devices cannot form pipelines of pp=2 x tp=1"):
         pipelines_of((0, 1, 2), pp=2, tp=1)
+
+
+def test_training_stages_are_grids_and_their_columns_pass_activations():
+    """actor_train pp2 dp2 over 0..3: stage 0 is FSDP over (0, 1), stage 1 over (2, 3); data share 1
+    trains on devices 1 and 3, which pass activations to each other."""
+    plan = _plan(**{**PIPELINED.calls, "actor_train": CallAllocation((3, 2, 1, 0), pp=2, dp=2)})
+    actor = grid_on(plan, "actor", 3)
+    assert actor.stages == (((0,), (1,)), ((2,), (3,))) and actor.column(3) == (1, 3)
+    assert staged_grid(range(8), pp=2, tp=2).column(6) == (2, 6)  # row 1, tp rank 0 of each stage
+    assert {(0, 1), (2, 3), (0, 2), (1, 3), (0, 1, 2, 3)} <= set(mesh_groups(plan))
+    check_supported(plan)
 
 
 def test_grid_groups_of_plain_data_parallel_need_no_rows_or_columns():
@@ -344,7 +356,7 @@ def _pipelines(device: int, port: int, model_dir: str, out_dir: str) -> None:
     from trainer.workers import CriticWorker, RefWorker
 
     torch.set_num_threads(1)
-    train, ref, critic_inf = ((0,), (1,)), Pipeline(((0, 1), (2, 3))), Pipeline(((2,), (3,)))
+    train, ref, critic_inf = ((0,), (1,)), Pipeline.of_rows((0, 1), (2, 3)), Pipeline.of_rows((2,), (3,))
     builders = {"ref": (RefWorker, {"model_dir": model_dir}, ref)}
     if device < 2:
         builders["critic"] = (CriticWorker, {"model_dir": model_dir}, train)

@@ -6,8 +6,9 @@
   a plan that needs more devices than exist failing at once with both counts;
 - two PPO iterations through ``train.py`` under three plans (the heuristic one; one with disjoint
   reference / critic inference meshes, each a 2-stage pipeline, and 2 generation replicas beside
-  4-way FSDP training; a
-  tensor-parallel one: training 2 FSDP x 2 TP, generation by one TP-2 vLLM engine): bytes moved
+  4-way FSDP actor training and the critic trained in 2 stages of 2 FSDP ranks; a
+  tensor-parallel one: the actor trained in 2 stages of TP 2, the critic as 2 FSDP x 2 TP,
+  generation by one TP-2 vLLM engine): bytes moved
   equal the lower bound, every call has its start/end, the timeline picture exists, and all three
   give the same losses and metrics (placement must not change the math; tolerance below).
 
@@ -132,7 +133,7 @@ source: test-disjoint-inference
 calls:
   actor_gen: {devices: [0, 1], dp: 2}
   actor_train: {devices: [0, 1, 2, 3], dp: 4}
-  critic_train: {devices: [4, 5, 6, 7], dp: 4}
+  critic_train: {devices: [4, 5, 6, 7], pp: 2, dp: 2}
   critic_inf: {devices: [6, 7], pp: 2}
   ref_inf: {devices: [4, 5], pp: 2}
 """
@@ -144,7 +145,7 @@ gpus_per_node: 4
 source: test-tensor-parallel
 calls:
   actor_gen: {devices: [0, 1], tp: 2}
-  actor_train: {devices: [0, 1, 2, 3], dp: 2, tp: 2}
+  actor_train: {devices: [0, 1, 2, 3], pp: 2, tp: 2}
   critic_train: {devices: [4, 5, 6, 7], dp: 2, tp: 2}
   critic_inf: {devices: [4, 5, 6, 7], dp: 4}
   ref_inf: {devices: [6, 7], tp: 2}
@@ -173,8 +174,9 @@ def _check_run(name: str, run_dir: Path, rows: list[dict]) -> None:
 def test_three_plans_train_the_same_on_a_simulated_two_node_cluster(cluster_address, tmp_path):
     """Two PPO iterations through train.py under the heuristic plan, a plan with disjoint inference
     meshes (reference and critic inference each a 2-stage pipeline, 2 generation replicas, on
-    devices of their own), and a tensor-parallel plan (actor and critic trained as 2 FSDP x 2 TP,
-    generation by one TP-2 vLLM engine whose two ranks get their own boxes from the training ranks,
+    devices of their own; the critic trained in 2 stages x 2 FSDP ranks), and a tensor-parallel
+    plan (the actor trained in 2 stages of TP 2, the critic as 2 FSDP x 2 TP, generation by one TP-2
+    vLLM engine whose two ranks get their own boxes from the training ranks,
     critic inference on 4 replicas of the critic's devices, reference inference on one TP-2
     replica). All on the tiny model with 2 kv heads (training TP shards k/v by head; the default
     tiny model has one)."""

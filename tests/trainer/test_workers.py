@@ -391,3 +391,72 @@ def test_columns_that_are_padding_in_every_row_change_nothing(tiny_model_dir):
         assert abs(stats[key] - wide_stats[key]) <= 1e-5 * max(1.0, abs(stats[key])), key
     for (name, p), q in zip(policy.model.named_parameters(), other.model.parameters()):
         torch.testing.assert_close(p, q, atol=1e-6, rtol=0, msg=name)
+
+
+def _pp2_dp2(rank: int, port: int, model_dir: str, work: str) -> None:
+    """One device of a model in 2 pipeline stages of 2 FSDP ranks: stage 0 on {0, 1}, stage 1 on
+    {2, 3}; device 0 -> 2 and 1 -> 3 are pipeline columns, rows {0, 2} and {1, 3} the data shares."""
+    from trainer.meshes import pipeline_groups, staged_grid
+    from trainer.runtime import DeviceWorker
+
+    torch.set_num_threads(1)
+    mesh = staged_grid(range(4), pp=2, tp=1)
+    common = dict(model_dir=model_dir, ppo=PPO, num_iterations=3)
+    builders = {"actor": (PolicyWorker, common, mesh), "critic": (CriticWorker, common, mesh)}
+    worker = DeviceWorker(rank, range(4), "127.0.0.1", port, "gloo", pipeline_groups(mesh), "float32", builders)
+    data = torch.load(Path(work) / "data.pt")
+    share = rank % 2
+    order, sizes = update_rows(8, PPO.num_epochs, PPO.num_minibatches, 2, update_seed(0, 0))
+    policy, critic = worker.workers["actor"], worker.workers["critic"]
+    out = {
+        "logprobs": policy.compute_logprobs(select(data, torch.arange(share * 4, share * 4 + 4)), 2),
+        "policy_stats": policy.update(select(data, order[share]), sizes[share], 2),
+        "critic_stats": critic.update(select(data, order[share]), sizes[share], 2),
+        "params": sorted(n for n, _ in policy.model.named_parameters()),
+    }
+    policy_state, critic_state = policy.state_dict_for_sync(), _full_state_dict(critic.model, critic.ranks)
+    policy.save_checkpoint(Path(work) / "policy_ckpt")
+    if rank == 0:
+        out.update(policy_state=policy_state, critic_state=critic_state)
+    torch.save(out, Path(work) / f"rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_pipeline_stages_x_fsdp_train_like_one_unsharded_process(tiny_model_dir, tmp_path):
+    """Actor and critic in 2 pipeline stages x 2 FSDP ranks, 2 micro-batches per minibatch: the same
+    logprobs, update stats and updated weights as one process on the whole batch. The tiny model's
+    LM head is its embedding, held by both stages; its gradient is the sum of both stages' (a stage
+    alone would move it differently). The checkpoint the stages write loads into one process."""
+    model_dir = str(tiny_model_dir)
+    batch = make_batch()
+    policy = PolicyWorker(model_dir=model_dir, ppo=PPO, num_iterations=3)
+    critic = CriticWorker(model_dir=model_dir, ppo=PPO, num_iterations=3)
+    logprobs, values = policy.compute_logprobs(batch), critic.compute_values(batch)
+    data = add_ppo_fields(batch, logprobs, values)
+    torch.save(data, tmp_path / "data.pt")
+
+    mp.spawn(_pp2_dp2, args=(free_port(), model_dir, str(tmp_path)), nprocs=4, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(4)]
+    # Stage 0 holds the embedding and block 0; stage 1 block 1, the norm and (tied) the embedding.
+    assert ranks[0]["params"] == ranks[1]["params"] and "model.layers.1.mlp.up_proj.weight" not in ranks[0]["params"]
+    assert {"model.embed_tokens.weight", "model.norm.weight", "model.layers.1.mlp.up_proj.weight"} <= set(
+        ranks[2]["params"]
+    )
+    assert not any(n.startswith("model.layers.0.") for n in ranks[2]["params"])
+    # The last stage (devices 2, 3) reports the logprobs of shares 0 and 1.
+    torch.testing.assert_close(torch.cat([ranks[2]["logprobs"], ranks[3]["logprobs"]]), logprobs, atol=1e-5, rtol=0)
+
+    policy_stats, critic_stats = policy.update(data), critic.update(data)
+    for got, want in ((ranks[0]["policy_stats"], policy_stats), (ranks[0]["critic_stats"], critic_stats)):
+        assert got.keys() == want.keys()
+        for key in want:
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    assert all(r["policy_stats"] == ranks[0]["policy_stats"] for r in ranks)  # every stage reports the same
+    for name, tensor in policy.state_dict_for_sync().items():  # the bound: see the dp2 x tp2 test
+        torch.testing.assert_close(ranks[0]["policy_state"][name], tensor, atol=1e-4, rtol=1e-4, msg=name)
+    for name, tensor in _full_state_dict(critic.model, critic.ranks).items():
+        torch.testing.assert_close(ranks[0]["critic_state"][name], tensor, atol=1e-4, rtol=1e-4, msg=name)
+    one = PolicyWorker(model_dir=model_dir, ppo=PPO, num_iterations=3)
+    one.load_checkpoint(tmp_path / "policy_ckpt")
+    for name, tensor in one.state_dict_for_sync().items():
+        torch.testing.assert_close(ranks[0]["policy_state"][name], tensor, atol=0, rtol=0, msg=name)
