@@ -7,9 +7,7 @@ The per-call model is analytic unless ``Hardware.profile`` holds measured per-la
 
 - compute: ``2 * N * tokens`` FLOPs per forward, x3 for training (x4 with activation
   checkpointing: the forward runs again in the backward), at ``mfu`` of peak, lower when a
-  micro-batch gives a GPU few tokens; pipeline bubble ``(pp - 1 + mb) / mb`` (1F1B), or ``pp`` for
-  a runtime that trains one micro-batch through the stages at a time
-  (``LayoutLimits.sequential_training_stages``);
+  micro-batch gives a GPU few tokens; pipeline bubble ``(pp - 1 + mb) / mb``;
 - tensor parallel: two ring all-reduces of the activations per layer and pass, plus a latency
   each (decode steps are latency bound);
 - FSDP (training ``dp``): each micro-batch all-gathers the weights for forward and backward and
@@ -123,9 +121,10 @@ class LayoutLimits:
 
     pipeline_calls: tuple[str, ...] | None = None
     """The calls that may have pp > 1 (None: every call)."""
-    sequential_training_stages: bool = False
-    """Training sends one micro-batch forward and back through the stages before the next (no 1F1B):
-    every stage waits for the others (bubble pp) and one micro-batch's activations are live."""
+    training_schedule: str = "1f1b"
+    """How training micro-batches go through pipeline stages: "1f1b" (Megatron-LM, ReaL: a stage
+    keeps at most pp micro-batches' activations) or "gpipe" (all forwards, then all backwards: the
+    same bubble, every micro-batch's activations kept until its backward)."""
     generation_tp: bool = True
     """tp > 1 for actor_gen."""
     kv_replication: bool = True
@@ -227,8 +226,7 @@ def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload,
     tokens_mb = tokens / (dp * mb)  # one replica's micro-batch
     train = kind == TRAIN
     passes = (4 if alloc.activation_checkpointing else 3) if train else 1
-    sequential = train and w.limits.sequential_training_stages
-    bubble = float(pp) if sequential else (mb + pp - 1) / mb
+    bubble = (mb + pp - 1) / mb
     if hw.profile is not None:
         layer = _measured("train" if train else "forward", spec, tokens_mb, alloc, hw, w.seq_len)
         head = _measured("head_train" if train else "head_forward", spec, tokens_mb, alloc, hw, w.seq_len)
@@ -316,10 +314,11 @@ def call_memory(
     logits = tokens_mb * spec.vocab_size * 4 / tp  # fp32 logits of one micro-batch (last stage)
     if kind == TRAIN:
         # ~34 B/token/hidden/layer saved without checkpointing (Korthikanti et al.); with it, each
-        # layer keeps its bf16 input and one layer is live at a time. 1F1B keeps min(pp, mb) in flight.
+        # layer keeps its bf16 input and one layer is live at a time. 1F1B keeps min(pp, mb) in flight,
+        # GPipe all mb (with pp = 1 there is one in flight either way).
         per_layer = (2 * spec.hidden_size) if alloc.activation_checkpointing else 34 * spec.hidden_size / tp
         live = 0 if not alloc.activation_checkpointing else 34 * spec.hidden_size / tp
-        in_flight = 1 if w.limits.sequential_training_stages else min(pp, mb)
+        in_flight = (mb if w.limits.training_schedule == "gpipe" else min(pp, mb)) if pp > 1 else 1
         acts = tokens_mb * (per_layer * layers + live) * in_flight
         return n * TRAIN_STATE_BYTES / (tp * pp * dp), acts + 2 * logits
     acts = tokens_mb * 34 * spec.hidden_size / tp + logits  # one layer at a time plus the logits

@@ -14,17 +14,19 @@ work unchanged): the first from token ids, the others from the hidden states the
 head pass through. Every stage sees the same rows and cuts them into the same micro-batches, so each
 knows the shape it receives.
 
-Inference (``last_stage_inputs``): micro-batch i+1 enters stage 0 while stage 1 computes
-micro-batch i. Training (``train_microbatch``): one micro-batch goes forward through the stages and
-its gradient back before the next one starts (no 1F1B interleaving: stages wait on each other),
-the loss on the last stage; the embedding shared by the first and last stages gets the sum of both
+Micro-batch i+1 enters stage 0 while stage 1 computes micro-batch i (inference,
+``last_stage_inputs``; training's forwards, ``train_microbatches``). Training follows GPipe: all
+forwards, then all backwards, last micro-batch first (the bubble is (pp - 1) / (mb + pp - 1) of the
+time, as with 1F1B, but every micro-batch's activations stay until its backward), the loss on the
+last stage; the embedding shared by the first and last stages gets the sum of both
 gradients (``sync_tied_grads``, as Megatron-LM's embedding group does) and the gradient norm is
 summed over stages (``pipeline_grad_norm``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +36,7 @@ from torch import Tensor, nn
 
 from reallocation.layout import pipeline_stage_of_layer
 from reallocation.parallelize import _base
+from trainer.batch import position_ids
 
 # Hidden states travel in float32 whatever the compute dtype: the residual stream's dtype under
 # autocast is not the compute dtype, and the receiver must know it in advance.
@@ -152,37 +155,49 @@ def last_stage_inputs(
     return None
 
 
-def train_microbatch(
+def train_microbatches(
     model: nn.Module,
     pipe: PipelineStage,
-    batch: Mapping[str, Tensor],
-    position_ids: Tensor,
-    last_stage_loss: Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]],
+    micros: Sequence[Mapping[str, Tensor]],
+    last_stage_loss: Callable[[Mapping[str, Tensor], Tensor], tuple[Tensor, dict[str, Tensor]]],
     scale: float,
-) -> tuple[Tensor, dict[str, Tensor]] | None:
-    """Forward and backward of one micro-batch through the stages (collective over the column).
+    autocast: Callable[[], AbstractContextManager],
+) -> list[tuple[Tensor, dict[str, Tensor]]]:
+    """Forward and backward of one minibatch's micro-batches through the stages, GPipe's schedule:
+    every micro-batch forward (stage k computes micro-batch i while stage k + 1 computes i - 1),
+    then every backward, last first. Collective over the pipeline column.
 
-    The last stage computes ``last_stage_loss(hidden)`` from the hidden states it receives and
-    backpropagates ``loss * scale``; every stage then sends the gradient of its input back. Returns
-    (loss, stats) on the last stage, None on the others.
+    The last stage computes ``last_stage_loss(micro, hidden)`` from the hidden states it receives
+    and backpropagates ``loss * scale``; every stage sends the gradient of its input back. Returns
+    the (loss, stats) of each micro-batch on the last stage, [] on the others.
     """
-    hidden = None if pipe.is_first else _receive(model, pipe, batch).requires_grad_()
-    result = None
-    if pipe.is_last:
-        assert hidden is not None
-        loss, stats = last_stage_loss(hidden)
-        (loss * scale).backward()
-        result = (loss, stats)
-    else:
-        out = _stage_output(model, batch, position_ids, hidden)
-        dist.send(out.detach().to(WIRE_DTYPE).contiguous(), dst=pipe.next, group=pipe.group)
-        grad = torch.empty(out.shape, dtype=WIRE_DTYPE, device=out.device)
-        dist.recv(grad, src=pipe.next, group=pipe.group)
-        out.backward(grad.to(out.dtype))
-    if hidden is not None:
-        grad_in = hidden.grad if hidden.grad is not None else torch.zeros_like(hidden)
-        dist.send(grad_in.contiguous(), dst=pipe.prev, group=pipe.group)
-    return result
+    inputs: list[Tensor | None] = []
+    outputs: list[Tensor] = []
+    results = []
+    for micro in micros:
+        hidden = None if pipe.is_first else _receive(model, pipe, micro).requires_grad_()
+        with autocast():
+            if pipe.is_last:
+                assert hidden is not None
+                loss, stats = last_stage_loss(micro, hidden)
+                results.append((loss, stats))
+                outputs.append(loss * scale)
+            else:
+                out = _stage_output(model, micro, position_ids(micro), hidden)
+                dist.send(out.detach().to(WIRE_DTYPE).contiguous(), dst=pipe.next, group=pipe.group)
+                outputs.append(out)
+        inputs.append(hidden)
+    for hidden, out in zip(reversed(inputs), reversed(outputs)):
+        if pipe.is_last:
+            out.backward()
+        else:
+            grad = torch.empty(out.shape, dtype=WIRE_DTYPE, device=out.device)
+            dist.recv(grad, src=pipe.next, group=pipe.group)
+            out.backward(grad.to(out.dtype))
+        if hidden is not None:
+            grad_in = hidden.grad if hidden.grad is not None else torch.zeros_like(hidden)
+            dist.send(grad_in.contiguous(), dst=pipe.prev, group=pipe.group)
+    return results
 
 
 def _local(t: Tensor) -> Tensor:

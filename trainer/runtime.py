@@ -81,7 +81,7 @@ class Event:
 PIPELINE_CALLS = ("actor_train", "critic_train", "ref_inf", "critic_inf")
 # What check_supported lets through, for the plan search (``cluster.plan=search`` looks only at these).
 RUNTIME_LIMITS = LayoutLimits(
-    pipeline_calls=PIPELINE_CALLS, sequential_training_stages=True, generation_tp=True, kv_replication=False
+    pipeline_calls=PIPELINE_CALLS, training_schedule="gpipe", generation_tp=True, kv_replication=False
 )
 
 

@@ -50,7 +50,7 @@ from trainer.pipeline import (
     shares_embedding,
     sum_over_stages,
     sync_tied_grads,
-    train_microbatch,
+    train_microbatches,
 )
 
 
@@ -416,13 +416,8 @@ class _Trainer:
         """One optimizer step on one minibatch in ``num_microbatches`` passes; adds the stats to
         ``sums`` and returns the pre-clip gradient norm."""
         num_tokens = self.ranks.all_reduce_sum(minibatch["response_mask"].sum().float())
-        for micro_rows in B.microbatch_rows(minibatch, num_microbatches):
-            micro = B.trim_padding(B.select(minibatch, micro_rows))
-            with self.ranks.autocast():
-                result = self._forward_backward(micro, num_tokens, loss_fn)
-            if result is None:  # a pipeline stage before the last: no loss here
-                continue
-            loss, stats = result
+        micros = [B.trim_padding(B.select(minibatch, rows)) for rows in B.microbatch_rows(minibatch, num_microbatches)]
+        for loss, stats in self._forward_backward(micros, num_tokens, loss_fn):
             for name, value in {"loss": loss.detach(), **stats}.items():
                 sums[name] = sums.get(name, 0.0) + value.detach().float()
         pipe = self.ranks.pipeline
@@ -436,24 +431,28 @@ class _Trainer:
         return grad_norm.detach().float().cpu()
 
     def _forward_backward(
-        self, micro: Mapping[str, Tensor], num_tokens: Tensor, loss_fn
-    ) -> tuple[Tensor, dict[str, Tensor]] | None:
-        """Loss and backward of one micro-batch (through the stages with a pipeline; None on
-        stages before the last). FSDP averages gradients over dp ranks and our loss is this rank's
-        share of a sum, so the backward scales it by ``num_dp``."""
+        self, micros: list[dict[str, Tensor]], num_tokens: Tensor, loss_fn
+    ) -> list[tuple[Tensor, dict[str, Tensor]]]:
+        """Loss and backward of each micro-batch (through the stages with a pipeline: nothing to
+        return on stages before the last). FSDP averages gradients over dp ranks and our loss is
+        this rank's share of a sum, so the backward scales it by ``num_dp``."""
         pipe = self.ranks.pipeline
-        if pipe is None:
-            loss, stats = loss_fn(micro, num_tokens)
+        if pipe is not None:
+            return train_microbatches(
+                self.model,
+                pipe,
+                micros,
+                lambda micro, hidden: loss_fn(micro, num_tokens, hidden),
+                self.ranks.num_dp,
+                self.ranks.autocast,
+            )
+        results = []
+        for micro in micros:
+            with self.ranks.autocast():
+                loss, stats = loss_fn(micro, num_tokens)
             (loss * self.ranks.num_dp).backward()
-            return loss, stats
-        return train_microbatch(
-            self.model,
-            pipe,
-            micro,
-            B.position_ids(micro),
-            lambda hidden: loss_fn(micro, num_tokens, hidden),
-            self.ranks.num_dp,
-        )
+            results.append((loss, stats))
+        return results
 
     def state_dict_extra(self) -> dict[str, Any]:
         rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
