@@ -121,10 +121,6 @@ class LayoutLimits:
 
     pipeline_calls: tuple[str, ...] | None = None
     """The calls that may have pp > 1 (None: every call)."""
-    training_schedule: str = "1f1b"
-    """How training micro-batches go through pipeline stages: "1f1b" (Megatron-LM, ReaL: a stage
-    keeps at most pp micro-batches' activations) or "gpipe" (all forwards, then all backwards: the
-    same bubble, every micro-batch's activations kept until its backward)."""
     generation_tp: bool = True
     """tp > 1 for actor_gen."""
     kv_replication: bool = True
@@ -314,12 +310,10 @@ def call_memory(
     logits = tokens_mb * spec.vocab_size * 4 / tp  # fp32 logits of one micro-batch (last stage)
     if kind == TRAIN:
         # ~34 B/token/hidden/layer saved without checkpointing (Korthikanti et al.); with it, each
-        # layer keeps its bf16 input and one layer is live at a time. 1F1B keeps min(pp, mb) in flight,
-        # GPipe all mb (with pp = 1 there is one in flight either way).
+        # layer keeps its bf16 input and one layer is live at a time. 1F1B keeps min(pp, mb) in flight.
         per_layer = (2 * spec.hidden_size) if alloc.activation_checkpointing else 34 * spec.hidden_size / tp
         live = 0 if not alloc.activation_checkpointing else 34 * spec.hidden_size / tp
-        in_flight = (mb if w.limits.training_schedule == "gpipe" else min(pp, mb)) if pp > 1 else 1
-        acts = tokens_mb * (per_layer * layers + live) * in_flight
+        acts = tokens_mb * (per_layer * layers + live) * min(pp, mb)
         return n * TRAIN_STATE_BYTES / (tp * pp * dp), acts + 2 * logits
     acts = tokens_mb * 34 * spec.hidden_size / tp + logits  # one layer at a time plus the logits
     frozen = CALL_MODEL[call] in ("ref", "reward")

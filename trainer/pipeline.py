@@ -15,16 +15,16 @@ head pass through. Every stage sees the same rows and cuts them into the same mi
 knows the shape it receives.
 
 Micro-batch i+1 enters stage 0 while stage 1 computes micro-batch i (inference,
-``last_stage_inputs``; training's forwards, ``train_microbatches``). Training follows GPipe: all
-forwards, then all backwards, last micro-batch first (the bubble is (pp - 1) / (mb + pp - 1) of the
-time, as with 1F1B, but every micro-batch's activations stay until its backward), the loss on the
-last stage; the embedding shared by the first and last stages gets the sum of both
+``last_stage_inputs``). Training (``train_microbatches``) follows 1F1B, as Megatron-LM and ReaL do:
+a few forwards ahead, then one forward and one backward in turn, so a stage keeps at most pp
+micro-batches' activations; the loss on the last stage; the embedding shared by the first and last stages gets the sum of both
 gradients (``sync_tied_grads``, as Megatron-LM's embedding group does) and the gradient norm is
 summed over stages (``pipeline_grad_norm``).
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -163,41 +163,96 @@ def train_microbatches(
     scale: float,
     autocast: Callable[[], AbstractContextManager],
 ) -> list[tuple[Tensor, dict[str, Tensor]]]:
-    """Forward and backward of one minibatch's micro-batches through the stages, GPipe's schedule:
-    every micro-batch forward (stage k computes micro-batch i while stage k + 1 computes i - 1),
-    then every backward, last first. Collective over the pipeline column.
+    """Forward and backward of one minibatch's micro-batches through the stages, on the 1F1B
+    schedule of Megatron-LM and ReaL: stage s runs ``pp - s - 1`` forwards ahead, then alternates
+    one forward and one backward, then finishes the backwards; so it holds at most ``pp - s``
+    micro-batches' activations. Collective over the pipeline column.
 
     The last stage computes ``last_stage_loss(micro, hidden)`` from the hidden states it receives
     and backpropagates ``loss * scale``; every stage sends the gradient of its input back. Returns
     the (loss, stats) of each micro-batch on the last stage, [] on the others.
     """
-    inputs: list[Tensor | None] = []
-    outputs: list[Tensor] = []
-    results = []
-    for micro in micros:
-        hidden = None if pipe.is_first else _receive(model, pipe, micro).requires_grad_()
+    results: list[tuple[Tensor, dict[str, Tensor]]] = []
+    held: deque[tuple[Tensor | None, Tensor]] = deque()  # (input, output) awaiting their backward
+
+    def forward(i: int, hidden: Tensor | None) -> None:
         with autocast():
             if pipe.is_last:
                 assert hidden is not None
-                loss, stats = last_stage_loss(micro, hidden)
+                loss, stats = last_stage_loss(micros[i], hidden)
                 results.append((loss, stats))
-                outputs.append(loss * scale)
+                out = loss * scale
             else:
-                out = _stage_output(model, micro, position_ids(micro), hidden)
-                dist.send(out.detach().to(WIRE_DTYPE).contiguous(), dst=pipe.next, group=pipe.group)
-                outputs.append(out)
-        inputs.append(hidden)
-    for hidden, out in zip(reversed(inputs), reversed(outputs)):
-        if pipe.is_last:
-            out.backward()
-        else:
-            grad = torch.empty(out.shape, dtype=WIRE_DTYPE, device=out.device)
-            dist.recv(grad, src=pipe.next, group=pipe.group)
-            out.backward(grad.to(out.dtype))
-        if hidden is not None:
-            grad_in = hidden.grad if hidden.grad is not None else torch.zeros_like(hidden)
-            dist.send(grad_in.contiguous(), dst=pipe.prev, group=pipe.group)
+                out = _stage_output(model, micros[i], position_ids(micros[i]), hidden)
+        held.append((hidden, out))
+
+    def backward(grad: Tensor | None) -> Tensor | None:
+        hidden, out = held.popleft()
+        out.backward() if grad is None else out.backward(grad.to(out.dtype))
+        if hidden is None:
+            return None
+        return (hidden.grad if hidden.grad is not None else torch.zeros_like(hidden)).contiguous()
+
+    p2p = _PointToPoint(model, pipe)
+    num_warmup = min(pipe.num_stages - pipe.stage - 1, len(micros))
+    for i in range(num_warmup):
+        forward(i, p2p.recv_forward(micros[i]))
+        p2p.exchange(send_next=held[-1][1])
+    hidden = p2p.recv_forward(micros[num_warmup]) if num_warmup < len(micros) else None
+    for i in range(num_warmup, len(micros)):
+        forward(i, hidden)
+        grad = p2p.exchange(send_next=held[-1][1], recv_next=held[0][1])
+        grad_in = backward(grad)
+        last = i == len(micros) - 1
+        hidden = p2p.exchange(send_prev=grad_in, recv_prev=None if last else micros[i + 1])
+    for _ in range(num_warmup):
+        grad_in = backward(p2p.exchange(recv_next=held[0][1]))
+        p2p.exchange(send_prev=grad_in)
     return results
+
+
+class _PointToPoint:
+    """A stage's sends and receives to its neighbours in the column (nothing past either end).
+    ``exchange`` posts its sends and receives together before waiting on any, so two neighbours
+    that send to each other at once do not wait on each other."""
+
+    def __init__(self, model: nn.Module, pipe: PipelineStage):
+        self.model, self.pipe = model, pipe
+
+    def recv_forward(self, micro: Mapping[str, Tensor]) -> Tensor | None:
+        return self.exchange(recv_prev=micro)
+
+    def exchange(
+        self,
+        *,
+        send_next: Tensor | None = None,
+        recv_next: Tensor | None = None,
+        send_prev: Tensor | None = None,
+        recv_prev: Mapping[str, Tensor] | None = None,
+    ) -> Any:
+        """Send activations on / gradients back, and receive the gradient shaped like output
+        ``recv_next`` or the hidden states of micro-batch ``recv_prev``; returns what arrived."""
+        pipe, works, received = self.pipe, [], None
+        if send_next is not None and not pipe.is_last:
+            works.append(dist.isend(send_next.detach().to(WIRE_DTYPE).contiguous(), pipe.next, group=pipe.group))
+        if send_prev is not None and not pipe.is_first:
+            works.append(dist.isend(send_prev, pipe.prev, group=pipe.group))
+        if recv_next is not None and not pipe.is_last:
+            received = torch.empty(recv_next.shape, dtype=WIRE_DTYPE, device=recv_next.device)
+            works.append(dist.irecv(received, pipe.next, group=pipe.group))
+        if recv_prev is not None and not pipe.is_first:
+            rows, cols = recv_prev["input_ids"].shape
+            config: Any = self.model.config
+            received = torch.empty(
+                rows, cols, int(config.hidden_size), dtype=WIRE_DTYPE, device=recv_prev["input_ids"].device
+            )
+            works.append(dist.irecv(received, pipe.prev, group=pipe.group))
+        for work in works:
+            if work is not None:  # None: this rank is not in the group (never, for a column's ranks)
+                work.wait()
+        if recv_prev is not None and received is not None:
+            received.requires_grad_()
+        return received
 
 
 def _local(t: Tensor) -> Tensor:

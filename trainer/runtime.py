@@ -80,9 +80,7 @@ class Event:
 # reward replicas are not split.
 PIPELINE_CALLS = ("actor_train", "critic_train", "ref_inf", "critic_inf")
 # What check_supported lets through, for the plan search (``cluster.plan=search`` looks only at these).
-RUNTIME_LIMITS = LayoutLimits(
-    pipeline_calls=PIPELINE_CALLS, training_schedule="gpipe", generation_tp=True, kv_replication=False
-)
+RUNTIME_LIMITS = LayoutLimits(pipeline_calls=PIPELINE_CALLS, generation_tp=True, kv_replication=False)
 
 
 def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None = None) -> None:

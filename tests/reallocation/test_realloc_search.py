@@ -212,22 +212,6 @@ def test_limits_keep_the_candidates_to_what_a_runtime_runs():
     assert {a.tp for a in strategies("actor_gen", node, no_repl, HW)} == {1, 2, 4}
 
 
-def test_gpipe_keeps_every_micro_batch_in_flight_and_1f1b_at_most_pp():
-    """The same bubble for both schedules; a GPipe stage (realm's runtime) keeps all 8 micro-batches'
-    activations until their backwards, a 1F1B stage min(pp, mb) = 2: actor_train pp2 x dp4."""
-    w = Workload(LLAMA_7B, LLAMA_7B, None, batch=512, prompt_len=128, gen_len=896)
-    gpipe = Workload(**{**w.__dict__, "limits": LayoutLimits(training_schedule="gpipe")})
-    alloc = CallAllocation(tuple(range(8)), pp=2, dp=4, num_microbatches=8)
-    assert call_seconds("actor_train", LLAMA_7B, alloc, gpipe, HW) == call_seconds(
-        "actor_train", LLAMA_7B, alloc, w, HW
-    )
-    (_, active_1f1b), (_, active_gpipe) = (call_memory("actor_train", LLAMA_7B, alloc, x) for x in (w, gpipe))
-    logits = 512 * 1024 / (4 * 8) * LLAMA_7B.vocab_size * 4  # fp32 logits of one micro-batch, x 2
-    assert active_gpipe - 2 * logits == pytest.approx((active_1f1b - 2 * logits) * 8 / 2)
-    one_stage = CallAllocation(tuple(range(8)), dp=8, num_microbatches=8)
-    assert call_memory("actor_train", LLAMA_7B, one_stage, gpipe) == call_memory("actor_train", LLAMA_7B, one_stage, w)
-
-
 def test_finer_micro_batches_only_where_nothing_coarser_fits():
     """A 7B actor's 32,768 sequences of 2,048 tokens on 8 GPUs: no training layout fits with at most 64
     micro-batches; the candidates then come with 128 or more."""

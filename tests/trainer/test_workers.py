@@ -460,3 +460,38 @@ def test_pipeline_stages_x_fsdp_train_like_one_unsharded_process(tiny_model_dir,
     one.load_checkpoint(tmp_path / "policy_ckpt")
     for name, tensor in one.state_dict_for_sync().items():
         torch.testing.assert_close(ranks[0]["policy_state"][name], tensor, atol=0, rtol=0, msg=name)
+
+
+def _three_stages(rank: int, port: int, model_dir: str, work: str) -> None:
+    from trainer.meshes import pipeline_groups, staged_grid
+    from trainer.runtime import DeviceWorker
+
+    torch.set_num_threads(1)
+    mesh = staged_grid(range(3), pp=3, tp=1)
+    builders = {"actor": (PolicyWorker, dict(model_dir=model_dir, ppo=PPO, num_iterations=3), mesh)}
+    worker = DeviceWorker(rank, range(3), "127.0.0.1", port, "gloo", pipeline_groups(mesh), "float32", builders)
+    policy = worker.workers["actor"]
+    stats = policy.update(torch.load(Path(work) / "data.pt"), [8, 8], 4)
+    state = policy.state_dict_for_sync()
+    if rank == 0:
+        torch.save((stats, state), Path(work) / "three_stages.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_three_stages_run_one_forward_one_backward_like_one_process(tiny_model_dir, tmp_path):
+    """1F1B over 3 stages (blocks 0 | 1 | norm and head) with 4 micro-batches per minibatch: stage 0
+    runs 2 forwards ahead, stage 1 one, stage 2 none, and the steps equal one process's."""
+    model_dir = str(tiny_model_dir)
+    batch = make_batch()
+    policy = PolicyWorker(model_dir=model_dir, ppo=PPO, num_iterations=3)
+    data = add_ppo_fields(batch, policy.compute_logprobs(batch), torch.zeros(batch["response_mask"].shape))
+    order, sizes = update_rows(8, PPO.num_epochs, PPO.num_minibatches, 1, update_seed(0, 0))
+    torch.save(select(data, order[0]), tmp_path / "data.pt")
+    mp.spawn(_three_stages, args=(free_port(), model_dir, str(tmp_path)), nprocs=3, join=True)
+    stats, state = torch.load(tmp_path / "three_stages.pt")
+    want = policy.update(select(data, order[0]), sizes[0], num_microbatches=4)
+    assert sizes[0] == [8, 8] and stats.keys() == want.keys()
+    for key in want:
+        assert stats[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    for name, tensor in policy.state_dict_for_sync().items():
+        torch.testing.assert_close(state[name], tensor, atol=1e-4, rtol=1e-4, msg=name)
