@@ -151,8 +151,8 @@ def training_mesh(alloc: CallAllocation) -> Grid | Pipeline:
 
 
 def model_grids(plan: ExecutionPlan) -> dict[str, list[Grid | Pipeline]]:
-    """Role -> the meshes its model instances are sharded over: one grid per training model, one
-    pipeline per inference replica (pp stages, each one TP group)."""
+    """Role -> the meshes its model instances are sharded over: one grid per training model (with
+    pp > 1 its stages' grids), one pipeline per inference replica (pp stages, each one TP group)."""
     calls = plan.calls
     grids: dict[str, list[Grid | Pipeline]] = {
         "actor": [training_mesh(calls["actor_train"])],
@@ -169,8 +169,8 @@ def _devices_of(mesh: Grid | Pipeline) -> tuple[int, ...]:
 
 
 def grid_on(plan: ExecutionPlan, role: str, device: int) -> Grid | Pipeline:
-    """The grid (training) or pipeline (inference replica) of the ``role`` instance that ``device``
-    holds a shard of."""
+    """The grid or stages (training) or pipeline (inference replica) of the ``role`` instance that
+    ``device`` holds a shard of."""
     return next(g for g in model_grids(plan)[role] if device in _devices_of(g))
 
 
@@ -282,7 +282,8 @@ class DeviceWorker:
 
     def _ranks(self, mesh: Grid | Pipeline) -> Any:
         """This device's ``Ranks`` in a model sharded over ``mesh``: a grid (dp rows x tp columns),
-        or a pipeline, whose stage holding this device is a one-row grid passing hidden states on."""
+        or pipeline stages, the stage holding this device being a grid of its own that passes hidden
+        states to the device at the same place in the next stage."""
         from trainer.meshes import column_of, global_grid, row_of
         from trainer.pipeline import PipelineStage
         from trainer.workers import Ranks
