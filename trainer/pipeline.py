@@ -121,14 +121,6 @@ def _head(model: nn.Module) -> Any:
     return getattr(model, name) if name else None
 
 
-def _receive(model: nn.Module, pipe: PipelineStage, batch: Mapping[str, Tensor]) -> Tensor:
-    rows, cols = batch["input_ids"].shape
-    config: Any = model.config
-    hidden = torch.empty(rows, cols, int(config.hidden_size), dtype=WIRE_DTYPE, device=batch["input_ids"].device)
-    dist.recv(hidden, src=pipe.prev, group=pipe.group)
-    return hidden
-
-
 def _stage_output(model: nn.Module, batch: Mapping[str, Tensor], position_ids: Tensor, hidden: Tensor | None) -> Tensor:
     """A non-last stage's output hidden states (its norm and head pass through)."""
     return model(
@@ -147,11 +139,11 @@ def last_stage_inputs(
     states its head's forward starts from (``inputs_embeds``); the other stages compute their
     blocks, send the result on and get None. Collective over the pipeline column (every stage
     calls it with the same micro-batch)."""
-    hidden = None if pipe.is_first else _receive(model, pipe, batch)
+    p2p = _PointToPoint(model, pipe)
+    hidden = p2p.recv_forward(batch)
     if pipe.is_last:
         return hidden
-    out = _stage_output(model, batch, position_ids, hidden)
-    dist.send(out.to(WIRE_DTYPE).contiguous(), dst=pipe.next, group=pipe.group)
+    p2p.exchange(send_next=_stage_output(model, batch, position_ids, hidden))
     return None
 
 
@@ -250,8 +242,8 @@ class _PointToPoint:
         for work in works:
             if work is not None:  # None: this rank is not in the group (never, for a column's ranks)
                 work.wait()
-        if recv_prev is not None and received is not None:
-            received.requires_grad_()
+        if recv_prev is not None and received is not None and torch.is_grad_enabled():
+            received.requires_grad_()  # a training stage backpropagates into what it received
         return received
 
 
