@@ -91,7 +91,6 @@ class Ranks:
         self.group = group
         self.rank = dist.get_rank(group) if group is not None else 0
         self.world_size = dist.get_world_size(group) if group is not None else 1
-        self.global_ranks: tuple[int, ...] = tuple(dist.get_process_group_ranks(group)) if group is not None else (0,)
         self.dp_group = dp_group if tp_group is not None else group
         self.tp_group = tp_group
         self.grid = [list(row) for row in grid] if grid is not None else None
