@@ -22,7 +22,7 @@ import torch
 from rewards.config import BUILTIN_REWARD_MODELS, Refinement, RewardConfig, RewardKind
 from rewards.eta import eta_for_zero_fraction, zero_fraction
 from rewards.refine import refine_batched
-from rewards.reward_model import RewardModel, RewardModelError, load_reward_model
+from rewards.reward_model import Body, RewardModel, RewardModelError, load_reward_model
 from rewards.segment import SegmentedResponse, Step, segment_response
 from rewards.types import RewardBatch, RewardFn, RewardSample
 
@@ -185,6 +185,20 @@ class ShapedReward:
             metrics=metrics,
         )
 
+    def run_reward_model(self, samples: Sequence[RewardSample]) -> None:
+        """The reward model's part of ``__call__`` alone, on the same inputs, results dropped: the
+        ranks of a sharded reward model other than the one that reports run this beside its
+        ``__call__`` (their forward is collective with it), without grading the responses again."""
+        segments = [segment_response(s.response_token_ids, self.tokenizer, self.cfg.step_delimiter) for s in samples]
+        if self.cfg.kind == RewardKind.orm:
+            self._outcome_scores(samples, segments)
+        elif self.cfg.kind == RewardKind.prm:
+            self._score_steps(samples, segments)
+
+    def _outcome_scores(self, samples: Sequence[RewardSample], segments: Sequence[SegmentedResponse]) -> list[float]:
+        orm = cast(OutcomeScorer, self.reward_model)  # kind orm: the constructor required one
+        return orm.score_outcomes([s.question for s in samples], [seg.text for seg in segments])
+
     def _orm_rewards(
         self,
         samples: Sequence[RewardSample],
@@ -193,8 +207,7 @@ class ShapedReward:
         metrics: dict[str, float],
     ) -> torch.Tensor:
         """alpha * ORM score per response [B] (0 for an empty response); adds the mean score to ``metrics``."""
-        orm = cast(OutcomeScorer, self.reward_model)  # kind orm: the constructor required one
-        scores = torch.tensor(orm.score_outcomes([s.question for s in samples], [seg.text for seg in segments]))
+        scores = torch.tensor(self._outcome_scores(samples, segments))
         metrics["reward/orm_score"] = float(scores.mean()) if len(samples) else 0.0
         return self.cfg.alpha * scores * (lengths > 0)
 
@@ -269,12 +282,15 @@ def resolve_reward_model(path: str) -> Path:
         raise RewardModelError(f"reward.model.path={path}: {e}") from None
 
 
-def build_reward_fn(cfg: RewardConfig, policy_tokenizer, device: str = "cpu") -> RewardFn:
-    """Load what ``cfg`` needs (a missing or mismatched reward model fails here, before any rollout)."""
+def build_reward_fn(
+    cfg: RewardConfig, policy_tokenizer, device: str = "cpu", shard: Callable[[Any], Body | None] | None = None
+) -> RewardFn:
+    """Load what ``cfg`` needs (a missing or mismatched reward model fails here, before any rollout);
+    ``shard``: how to shard the reward model (``load_reward_model``)."""
     if cfg.kind == RewardKind.success:
         return ShapedReward(cfg, policy_tokenizer)
     model_dir = resolve_reward_model(cfg.model.path)
-    reward_model: RewardModel = load_reward_model(model_dir, cfg.model, cfg.kind, device)
+    reward_model: RewardModel = load_reward_model(model_dir, cfg.model, cfg.kind, device, shard)
     trained_with = reward_model.info.get("step_delimiter")
     if cfg.kind == RewardKind.prm and trained_with is not None and trained_with != cfg.step_delimiter:
         raise RewardModelError(

@@ -13,6 +13,11 @@ reads every step of a response in one forward pass: the score at step k only see
 
 ``realm_rm.json`` in a model dir (written by rewards.train_rm) says how it was trained: readout,
 question template, step delimiter, step tag, good/bad tokens, held-out accuracies.
+
+A reward model may be sharded (the plan runtime's ``rew_inf`` replicas: pipeline stages of TP
+ranks): ``load_reward_model(shard=...)`` hands the loaded model to the sharding function, which
+returns the body to run instead of the model's own (a pipeline stage's part); the ranks of a
+replica run the same batches, and only the last stage gets hidden states and scores.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from models.registry import max_context
 from reallocation.dtypes import torch_dtype
@@ -34,6 +40,10 @@ from rewards.segment import Step
 RM_INFO_FILE = "realm_rm.json"
 DEFAULT_QUESTION_TEMPLATE = "{question}\n\n"
 DEFAULT_STEP_TAG = " ки"
+
+# (input_ids, attention_mask) [B, L] -> final hidden states [B, L, H], or None on a pipeline stage
+# that passes them on instead of reading scores.
+Body = Callable[[Tensor, Tensor], "Tensor | None"]
 
 
 class RewardModelError(ValueError):
@@ -186,16 +196,20 @@ class ScoreReader:
     model: Any
     head: Callable[[torch.Tensor], torch.Tensor]
     """[N, H] final hidden states -> [N] log-odds."""
+    body: Body | None = None
+    """Runs instead of the model's own body when set (a sharded model's stage)."""
 
     def hidden(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """ids, mask [B, L] -> [B, L, H] final (normed) hidden states."""
+        """ids, mask [B, L] -> [B, L, H] final (normed) hidden states of the whole model."""
         return self.model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
 
     def __call__(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor
-    ) -> torch.Tensor:
-        """ids, mask [B, L]; rows, cols [N] positions to read -> [N] log-odds."""
-        return self.head(self.hidden(input_ids, attention_mask)[rows, cols])
+    ) -> torch.Tensor | None:
+        """ids, mask [B, L]; rows, cols [N] positions to read -> [N] log-odds (None on a stage that
+        passed its hidden states on)."""
+        hidden = (self.body or self.hidden)(input_ids, attention_mask)
+        return None if hidden is None else self.head(hidden[rows, cols])
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[..., H] -> [..., vocab] next-token logits: the LM head, or the tied input embeddings for a
@@ -286,7 +300,8 @@ class RewardModel:
                 torch.tensor(rows, device=self.device),
                 torch.tensor(cols, device=self.device),
             )
-            scores = torch.sigmoid(log_odds).tolist()
+            # A pipeline stage that passed its hidden states on has no scores: placeholders of the right count.
+            scores = [0.0] * len(rows) if log_odds is None else torch.sigmoid(log_odds.float()).tolist()
             position = 0
             for i in chunk:
                 count = len(encoded[i][1])
@@ -323,6 +338,8 @@ def make_reader(model, readout: Readout, tokenizer=None, good_token: str = "+", 
         lm_head = model.get_output_embeddings()
 
         def tag_head(hidden: torch.Tensor) -> torch.Tensor:
+            if hasattr(lm_head.weight, "full_tensor"):  # a TP-sharded head: its rows are spread over ranks
+                return _log_odds(lm_head(hidden)[:, pair])  # [N, vocab] at the read positions only
             logits = hidden @ lm_head.weight[pair].T  # [N, 2]: (bad, good)
             if getattr(lm_head, "bias", None) is not None:
                 logits = logits + lm_head.bias[pair]
@@ -335,8 +352,17 @@ def make_reader(model, readout: Readout, tokenizer=None, good_token: str = "+", 
     raise RewardModelError(f"readout {readout} must be resolved before building a reader")
 
 
-def load_reward_model(model_dir: Path, cfg: RewardModelConfig, kind: RewardKind, device: str = "cpu") -> RewardModel:
-    """Load the reward model in ``model_dir`` for ``kind`` (orm or prm), with config overrides applied."""
+def load_reward_model(
+    model_dir: Path,
+    cfg: RewardModelConfig,
+    kind: RewardKind,
+    device: str = "cpu",
+    shard: Callable[[Any], Body | None] | None = None,
+) -> RewardModel:
+    """Load the reward model in ``model_dir`` for ``kind`` (orm or prm), with config overrides applied.
+
+    ``shard``: shards the loaded model in place (before its head is looked up) and returns the body
+    to run instead of the model's own, or None to keep it."""
     from transformers import AutoTokenizer
 
     model_dir = Path(model_dir)
@@ -369,8 +395,10 @@ def load_reward_model(model_dir: Path, cfg: RewardModelConfig, kind: RewardKind,
     if model.config.pad_token_id is None:  # needed to pad batches (and for seq_cls pooling)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         model.config.pad_token_id = pad if pad is not None else 0
+    body = shard(model) if shard is not None else None
     reader = make_reader(
         model, readout, tokenizer, pick(cfg.good_token, "good_token", "+"), pick(cfg.bad_token, "bad_token", "-")
     )
+    reader.body = body
     max_length = cfg.max_length or max_context(model_dir) or 0
     return RewardModel(model, tokenizer, reader, fmt, readout, info, cfg.batch_size, max_length, device)

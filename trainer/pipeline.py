@@ -147,6 +147,26 @@ def last_stage_inputs(
     return None
 
 
+def stage_hidden(model: nn.Module, pipe: PipelineStage, input_ids: Tensor, attention_mask: Tensor) -> Tensor | None:
+    """A frozen model's body (``model.base_model``, no head) run as one stage: ids, mask [B, L] ->
+    the final hidden states [B, L, H] on the last stage; the other stages send their output on and
+    get None. Collective over the pipeline column, which runs the same batches in the same order
+    (a sharded reward model: ``rewards.reward_model.ScoreReader.body``)."""
+    p2p = _PointToPoint(model, pipe)
+    received = p2p.recv_forward({"input_ids": input_ids})
+    dtype = next(p.dtype for p in model.parameters())
+    out = _base(model)(
+        input_ids=input_ids if received is None else None,
+        inputs_embeds=None if received is None else received.to(dtype),
+        attention_mask=attention_mask,
+        use_cache=False,
+    ).last_hidden_state
+    if pipe.is_last:
+        return out
+    p2p.exchange(send_next=out)
+    return None
+
+
 def train_microbatches(
     model: nn.Module,
     pipe: PipelineStage,

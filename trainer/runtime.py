@@ -10,8 +10,9 @@ Deployment (``PlanRuntime.start``)::
         "critic_inf" CriticWorker replicas over critic_inf's pipelines, when its devices or layout differ
         "ref"        RefWorker replicas over ref_inf's pipelines (one per replica; with pp = 1 a
                      pipeline is one grid row)
-        "reward"     the reward function with its reward model, one replica per rew_inf row (on the
-                     row's first device: reward models are not sharded)
+        "reward"     RewardWorker replicas over rew_inf's pipelines: the reward function, its reward
+                     model sharded like a reference replica (the replica's last stage's first device
+                     grades and reports; the other devices run only their part of the forward)
     one vLLM engine rank per actor_gen device, a companion process in the same bundle (vLLM
     builds its own torch.distributed world, so it cannot live inside the device worker's); with
     tp > 1 the tp companions of a generation row form one engine (vLLM's external_launcher)
@@ -36,10 +37,10 @@ Each call reports its start and end per device (``Event``) for the metrics and t
 
 Supported layouts: training and inference pp x dp x tp (tp must divide the kv heads; with pp > 1
 the model is cut into stages that pass hidden states on, ``trainer.pipeline``: a training call's
-stages are dp x tp grids, ``trainer.meshes.staged_grid``, an inference call's replicas one row per
-stage, ``pipelines_of``); generation dp x tp (vLLM's rules: tp divides the heads, kv heads are
-replicated when tp exceeds them); reward inference dp (one unsharded replica per row). Other plans
-(pp > 1 in generation or reward inference) are rejected at start naming the call and field.
+stages are dp x tp grids, ``trainer.meshes.staged_grid``, an inference call's replicas (reward
+inference's too) one row per stage, ``pipelines_of``); generation dp x tp (vLLM's rules: tp divides
+the heads, kv heads are replicated when tp exceeds them). Other plans (pp > 1 in generation) are
+rejected at start naming the call and field.
 """
 
 from __future__ import annotations
@@ -76,9 +77,8 @@ class Event:
     end: float
 
 
-# Calls the runtime runs in pipeline stages (``trainer.pipeline``); vLLM generation and the
-# reward replicas are not split.
-PIPELINE_CALLS = ("actor_train", "critic_train", "ref_inf", "critic_inf")
+# Calls the runtime runs in pipeline stages (``trainer.pipeline``); vLLM generation is not split.
+PIPELINE_CALLS = ("actor_train", "critic_train", "ref_inf", "critic_inf", "rew_inf")
 # What check_supported lets through, for the plan search (``cluster.plan=search`` looks only at these).
 RUNTIME_LIMITS = LayoutLimits(pipeline_calls=PIPELINE_CALLS, generation_tp=True, kv_replication=False)
 
@@ -86,8 +86,9 @@ RUNTIME_LIMITS = LayoutLimits(pipeline_calls=PIPELINE_CALLS, generation_tp=True,
 def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None = None) -> None:
     """Reject layouts the runtime does not run, naming the call and field.
 
-    ``specs`` (model name -> shape, as ``ExecutionPlan.validate`` takes them): also check that
-    training and inference TP degrees divide the kv heads (``apply_tp`` shards k/v by head and
+    ``specs`` (model name -> shape, as ``ExecutionPlan.validate`` takes them; the actor's stands in
+    for the reference and critic, never for the reward model): also check that training and
+    inference TP degrees divide the kv heads (``apply_tp`` shards k/v by head and
     does not replicate them, as vLLM does when tp > num_kv_heads), and that vLLM can shard the
     actor with generation's tp.
     """
@@ -98,7 +99,8 @@ def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None =
                 f"{where}: calls.{name}.pp={alloc.pp}: the plan runtime runs pipeline stages only for "
                 f"{' and '.join(PIPELINE_CALLS)} (pp must be 1 here)"
             )
-        spec = (specs or {}).get(CALL_MODEL[name]) or (specs or {}).get("actor")
+        model = CALL_MODEL[name]
+        spec = (specs or {}).get(model) or (None if model == "reward" else (specs or {}).get("actor"))
         if name == "actor_gen" and spec is not None:
             from reallocation.names import vllm_local_shapes
 
@@ -113,8 +115,8 @@ def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None =
             )
 
 
-# Calls whose model the runtime shards itself (FSDP x TP); rew_inf runs on its first device.
-SHARDED_CALLS = ("actor_train", "critic_train", "ref_inf", "critic_inf")
+# Calls whose model the runtime shards itself (FSDP x TP, apply_tp's rule for k/v).
+SHARDED_CALLS = ("actor_train", "critic_train", "ref_inf", "critic_inf", "rew_inf")
 
 
 def grid(alloc: CallAllocation) -> Grid:
@@ -134,9 +136,14 @@ def engine_holdings(plan: ExecutionPlan, spec: ModelSpec) -> Holdings:
     return vllm_layout(len(rows[0]), len(rows), ranks).holdings(spec)
 
 
+def reward_replicas(plan: ExecutionPlan) -> list[Pipeline]:
+    """rew_inf's replicas (none without rew_inf: the grader alone needs no device)."""
+    return replicas(plan.calls["rew_inf"]) if "rew_inf" in plan.calls else []
+
+
 def reward_devices(plan: ExecutionPlan) -> list[int]:
-    """Where the reward replicas sit: the first device of each rew_inf row (none without rew_inf)."""
-    return leaders(grid(plan.calls["rew_inf"])) if "rew_inf" in plan.calls else []
+    """The device that grades and reports for each reward replica: its last stage's first."""
+    return [pipe.leader for pipe in reward_replicas(plan)]
 
 
 def replicas(alloc: CallAllocation) -> list[Pipeline]:
@@ -161,6 +168,8 @@ def model_grids(plan: ExecutionPlan) -> dict[str, list[Grid | Pipeline]]:
     }
     if critic_needs_realloc(plan):
         grids["critic_inf"] = list(replicas(calls["critic_inf"]))
+    if "rew_inf" in calls:
+        grids["reward"] = list(reward_replicas(plan))
     return grids
 
 
@@ -214,24 +223,38 @@ def roles_on(plan: ExecutionPlan, device: int) -> list[str]:
         roles.append("critic_inf")
     if device in calls["ref_inf"].devices:
         roles.append("ref")
-    if device in reward_devices(plan):
+    if "rew_inf" in calls and device in calls["rew_inf"].devices:
         roles.append("reward")
     return roles
 
 
 class RewardWorker:
-    """Holds the reward function (grader pool, ORM/PRM) next to its models; ``device``: where the
-    reward model computes (the rew_inf device's GPU, or CPU)."""
+    """Holds the reward function (grader pool, ORM/PRM) next to its model; ``device``: where the
+    reward model computes (the rew_inf device's GPU, or CPU).
 
-    def __init__(self, reward_cfg, tokenizer_dir: str, device: str = "cpu"):
+    ``ranks``: this device's place in a rew_inf replica (``DeviceWorker._ranks``); the reward model
+    is then sharded over the replica (``trainer.workers.shard_replica``). Only the replica's last
+    stage's first device grades and reports; the others run their part of the reward model's forward
+    on the same samples and return None.
+    """
+
+    def __init__(self, ranks: Any = None, *, reward_cfg: Any, tokenizer_dir: str, device: str = "cpu"):
         from transformers import AutoTokenizer
 
         from rewards.build import build_reward_fn
+        from trainer.workers import shard_replica
 
-        self.fn: Any = build_reward_fn(reward_cfg, AutoTokenizer.from_pretrained(tokenizer_dir), device)
+        sharded = ranks is not None and ranks.model_sharded
+        shard = (lambda model: shard_replica(model, ranks)) if sharded else None
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+        self.fn: Any = build_reward_fn(reward_cfg, tokenizer, device, shard)
+        self.reports = not sharded or ((ranks.pipeline is None or ranks.pipeline.is_last) and ranks.rank == 0)
 
     def score(self, samples):
-        return self.fn(samples)
+        if self.reports:
+            return self.fn(samples)
+        self.fn.run_reward_model(samples)
+        return None
 
     def set_eta(self, eta: float) -> None:
         self.fn.set_eta(eta)
@@ -259,7 +282,7 @@ class DeviceWorker:
         backend: str,
         groups: Sequence[tuple[int, ...]],
         dtype: str,
-        builders: Mapping[str, tuple[type, dict, Grid | None]],
+        builders: Mapping[str, tuple[type, dict, Grid | Pipeline]],
     ):
         import torch.distributed as dist
 
@@ -275,10 +298,7 @@ class DeviceWorker:
         self.backend, self.dtype = backend, dtype
         self.workers: dict[str, Any] = {}
         for role, (cls, kwargs, mesh) in builders.items():
-            if mesh is None:  # not a sharded model (the reward function)
-                self.workers[role] = cls(**kwargs)
-            else:
-                self.workers[role] = cls(self._ranks(mesh), **kwargs)
+            self.workers[role] = cls(self._ranks(mesh), **kwargs)
 
     def _ranks(self, mesh: Grid | Pipeline) -> Any:
         """This device's ``Ranks`` in a model sharded over ``mesh``: a grid (dp rows x tp columns),
@@ -519,7 +539,7 @@ class PlanRuntime:
             builders = {}
             for role in roles_on(plan, device):
                 worker_cls, kwargs = recipes[role]
-                builders[role] = (worker_cls, kwargs, None if role == "reward" else grid_on(plan, role, device))
+                builders[role] = (worker_cls, kwargs, grid_on(plan, role, device))
             return dict(
                 device=device,
                 devices=devices,
@@ -534,7 +554,7 @@ class PlanRuntime:
         pool.build(DeviceWorker, kwargs_of)
         sleeps = _start_engines(pool, plan, backend, engine_kwargs)
         if "rew_inf" in plan.calls:
-            reward: tuple[str, Any] = ("device", reward_devices(plan))
+            reward: tuple[str, Any] = ("device", reward_replicas(plan))
         else:  # the grader alone: no model, no device
             reward = ("actor", cluster.group(RewardWorker, 1, reward_kwargs, name="reward", distributed=False))
         runtime = cls(plan, pool, reward, ppo, seed, engine_holdings(plan, actor_spec))
@@ -588,13 +608,17 @@ class PlanRuntime:
         """
         self._reward_calls += 1
         if self._reward_where == "device":
-            devices = self._reward if self._reward_calls > 1 else self._reward[:1]
-            bounds = torch.arange(len(samples)).tensor_split(len(devices))
+            pipes = self._reward if self._reward_calls > 1 else self._reward[:1]
+            bounds = torch.arange(len(samples)).tensor_split(len(pipes))
+            slices = [samples[int(b[0]) : int(b[-1]) + 1] if len(b) else [] for b in bounds]
+            # Every device of a replica gets its slice: a sharded reward model's forward is collective.
+            devices = [d for pipe in pipes for d in pipe.devices]
             futures = [
-                self.pool.submit(d, "call", "reward", "score", samples[int(b[0]) : int(b[-1]) + 1] if len(b) else [])
-                for d, b in zip(devices, bounds)
+                self.pool.submit(d, "call", "reward", "score", part)
+                for pipe, part in zip(pipes, slices)
+                for d in pipe.devices
             ]
-            return "rew_inf", list(devices), futures, list(devices)
+            return "rew_inf", devices, futures, [pipe.leader for pipe in pipes]
         return "reward", [-1], self._reward.submit_timed("score", samples), [-1]
 
     def share_reward_state(self) -> None:
@@ -720,9 +744,11 @@ class PlanRuntime:
         return [v for v, _, _ in wait([self.pool.submit(d, "call", role, method, *args) for d in devices])]
 
     def on_reward(self, method: str, *args: Any) -> Any:
-        """``method`` on every reward replica; the first one's result."""
+        """``method`` on every reward device; the first replica's reporting device's result."""
         if self._reward_where == "device":
-            return self.on_role("reward", method, *args)[0]
+            devices = [d for d in self.pool.devices if "reward" in roles_on(self.plan, d)]
+            results = dict(zip(devices, self.on_role("reward", method, *args)))
+            return results[self._reward[0].leader]
         return self._reward.call(method, *args)[0]
 
     def sync_engines(self) -> dict[str, float]:

@@ -48,6 +48,7 @@ from trainer.pipeline import (
     keep_stage,
     last_stage_inputs,
     shares_embedding,
+    stage_hidden,
     sum_over_stages,
     sync_tied_grads,
     train_microbatches,
@@ -226,6 +227,17 @@ def _shard(model: nn.Module, ranks: Ranks) -> nn.Module:
         return model
     param_dtype = None if ranks.compute_dtype == torch.float32 else ranks.compute_dtype
     return apply_fsdp(model, mesh, param_dtype=param_dtype, reduce_dtype=torch.float32)
+
+
+def shard_replica(model: nn.Module, ranks: Ranks) -> Any:
+    """Shard a frozen model (a reward model) over one inference replica's ranks as the reference
+    replicas are (``_shard``: this rank's pipeline stage, TP within it). Returns its body as a stage
+    (``stage_hidden``), or None when the replica is not cut into stages (its own body runs)."""
+    _shard(model, ranks)
+    pipe = ranks.pipeline
+    if pipe is None:
+        return None
+    return lambda input_ids, attention_mask: stage_hidden(model, pipe, input_ids, attention_mask)
 
 
 def _to_device(batch: Mapping[str, Tensor], device: torch.device) -> dict[str, Tensor]:

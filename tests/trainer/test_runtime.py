@@ -86,12 +86,21 @@ def test_unsupported_layouts_fail_naming_the_call():
     gen_tp3 = _plan(actor_gen=CallAllocation((0, 1, 2), tp=3), **calls)
     with pytest.raises(UnsupportedPlan, match=r"calls.actor_gen.tp=3: tp=3 must divide num_heads=2"):
         check_supported(gen_tp3, {"actor": spec})
+    # Reward inference runs in stages of TP ranks; the reward model's own kv heads decide its tp.
+    rew_tp2 = _plan(actor_gen=one, rew_inf=CallAllocation((0, 1, 2, 3), pp=2, tp=2), **calls)
+    check_supported(rew_tp2, {"actor": spec})  # the actor's shape says nothing about the reward model
+    with pytest.raises(UnsupportedPlan, match=r"calls.rew_inf.tp=2 does not divide num_key_value_heads=1"):
+        check_supported(rew_tp2, {"actor": spec, "reward": spec})
 
 
-def test_reward_replicas_sit_on_the_first_device_of_each_rew_inf_row():
+def test_reward_replicas_report_from_their_last_stages_first_device():
     plan = _plan(**{**DISJOINT.calls, "rew_inf": CallAllocation((7, 4, 5, 6), dp=2, tp=2)})
-    assert reward_devices(plan) == [4, 6]
-    assert "reward" in roles_on(plan, 6) and "reward" not in roles_on(plan, 5)
+    assert reward_devices(plan) == [4, 6]  # rows (4, 5) and (6, 7), each one TP-2 replica
+    assert all("reward" in roles_on(plan, d) for d in (4, 5, 6, 7)) and "reward" not in roles_on(plan, 3)
+    assert grid_on(plan, "reward", 5) == Pipeline.of_rows((4, 5))
+    staged = _plan(**{**DISJOINT.calls, "rew_inf": CallAllocation((4, 5, 6, 7), pp=2, tp=2)})
+    assert reward_devices(staged) == [6] and grid_on(staged, "reward", 4) == Pipeline.of_rows((4, 5), (6, 7))
+    assert {(4, 5), (6, 7), (4, 6), (5, 7), (4, 5, 6, 7)} <= set(mesh_groups(staged))
     assert reward_devices(_plan(**{k: v for k, v in DISJOINT.calls.items() if k != "rew_inf"})) == []
 
 
@@ -419,3 +428,86 @@ def test_pipeline_stages_compute_what_one_process_computes(tiny_kv2_model_dir, t
     received = [o["counts"]["bytes_received"] for o in out]
     assert received == [0, 0, first, sum(sizes.values()) - first]
     assert sum(received) == out[0]["counts"]["lower_bound"]
+
+
+def _reward_replica(device: int, port: int, rm_dirs: dict[str, str], out_dir: str) -> None:
+    """One device of a reward replica in 2 stages x TP 2 (stage 0 on devices 0, 1; stage 1 on 2, 3),
+    hosting three reward functions: a value-head PRM with Clip-Delta, a step-tag PRM (a causal LM
+    whose head is the embedding, TP-sharded) and an ORM."""
+    from trainer.meshes import pipeline_groups
+    from trainer.runtime import DeviceWorker, RewardWorker
+
+    torch.set_num_threads(1)
+    replica = Pipeline.of_rows((0, 1), (2, 3))
+    builders = {
+        name: (RewardWorker, {"reward_cfg": cfg, "tokenizer_dir": rm_dirs["policy"]}, replica)
+        for name, cfg in _reward_configs(rm_dirs).items()
+    }
+    worker = DeviceWorker(
+        device, (0, 1, 2, 3), "127.0.0.1", port, "gloo", pipeline_groups(replica), "float32", builders
+    )
+    samples = _reward_samples(rm_dirs["policy"])
+    out = {name: worker.call(name, "score", samples) for name in builders}
+    out["params"] = sorted(n for n, _ in worker.workers["prm"].fn.reward_model.model.named_parameters())
+    torch.save(out, f"{out_dir}/device{device}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def _reward_configs(rm_dirs: dict[str, str]) -> dict[str, object]:
+    from rewards.config import Readout, Refinement, RewardConfig, RewardKind, RewardModelConfig
+
+    prm, orm = RewardKind.prm, RewardKind.orm
+    return {
+        "prm": RewardConfig(kind=prm, refinement=Refinement.clip_delta, model=RewardModelConfig(path=rm_dirs["prm"])),
+        "prm_tag": RewardConfig(kind=prm, model=RewardModelConfig(path=rm_dirs["policy"], readout=Readout.step_tag)),
+        "orm": RewardConfig(kind=orm, alpha=0.5, model=RewardModelConfig(path=rm_dirs["orm"], batch_size=2)),
+    }
+
+
+def _reward_samples(tokenizer_dir: str) -> list:
+    from transformers import AutoTokenizer
+
+    from rewards.types import RewardSample
+
+    tok = AutoTokenizer.from_pretrained(tokenizer_dir)
+    question = "Start with 7. Add 5, then multiply by 3. What is the result?"
+    responses = [
+        "7 + 5 = 12\n\n12 * 3 = 36\n\nThe answer is \\boxed{36}.",
+        "The answer is \\boxed{35}.",
+        "7 + 5 = 12\n\n12 * 3 = 35\n\n\n\nmore\n\nThe answer is \\boxed{35}.",
+        "",
+    ]
+    return [RewardSample(question, "36", "math", question, r, tok(r).input_ids) for r in responses]
+
+
+def test_sharded_reward_models_score_like_one_process(tiny_kv2_model_dir, tmp_path):
+    """A reward replica in 2 stages x TP 2 gives one process's rewards for three kinds of reward
+    model; the last stage's first device reports, the others return None; stage 0 holds only the
+    embedding and block 0."""
+    import torch.multiprocessing as mp
+    from transformers import AutoModelForSequenceClassification, AutoModelForTokenClassification, AutoTokenizer
+
+    from tests.conftest import free_port
+    from trainer.runtime import RewardWorker
+
+    rm_dirs = {"policy": str(tiny_kv2_model_dir)}
+    for name, cls in [("prm", AutoModelForTokenClassification), ("orm", AutoModelForSequenceClassification)]:
+        torch.manual_seed(0)
+        cls.from_pretrained(tiny_kv2_model_dir, num_labels=1).save_pretrained(tmp_path / name)
+        AutoTokenizer.from_pretrained(tiny_kv2_model_dir).save_pretrained(tmp_path / name)
+        rm_dirs[name] = str(tmp_path / name)
+    mp.spawn(_reward_replica, args=(free_port(), rm_dirs, str(tmp_path)), nprocs=4, join=True)
+    out = [torch.load(tmp_path / f"device{d}.pt", weights_only=False) for d in range(4)]
+    samples = _reward_samples(rm_dirs["policy"])
+    for name, cfg in _reward_configs(rm_dirs).items():
+        assert [o[name] is None for o in out] == [True, True, False, True], name
+        got, want = out[2][name], RewardWorker(reward_cfg=cfg, tokenizer_dir=rm_dirs["policy"]).score(samples)
+        assert torch.allclose(got.token_rewards, want.token_rewards, atol=1e-5), name
+        assert torch.equal(got.success, want.success) and torch.equal(got.num_steps, want.num_steps), name
+        for a, b in zip(got.step_scores, want.step_scores):
+            assert a == pytest.approx(b, abs=1e-5), name
+    assert [len(s) for s in out[2]["prm"].step_scores] == [3, 1, 5, 0]
+    names = [n for n, _ in AutoModelForTokenClassification.from_pretrained(rm_dirs["prm"]).named_parameters()]
+    stage0 = sorted(n for n in names if n == "model.embed_tokens.weight" or n.startswith("model.layers.0."))
+    assert out[0]["params"] == out[1]["params"] == stage0
+    assert out[2]["params"] == out[3]["params"] == sorted(set(names) - set(stage0))  # block 1, norm, score
