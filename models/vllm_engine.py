@@ -22,6 +22,7 @@ works on machines without vLLM (e.g. to use ``Completion``). The environment def
 
 from __future__ import annotations
 
+import json
 import os
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -209,17 +210,38 @@ def _one_torch_thread_on_cpu(on_gpu: bool) -> tuple[int, Any]:
     return before
 
 
-def _join_tensor_parallel_group(rank: int, size: int, master: tuple[str, int] | None, on_gpu: bool) -> dict[str, str]:
-    """Set the environment vLLM's ``external_launcher`` builds its TP group from (torchrun's
-    variables); returns the ``LLM`` argument that selects it."""
+def _join_engine_group(
+    rank: int, tp: int, pp: int, master: tuple[str, int] | None, model_dir: Path, on_gpu: bool
+) -> dict[str, Any]:
+    """Set the environment vLLM's ``external_launcher`` builds its TP and PP groups from (torchrun's
+    variables; vLLM's world rank is ``pp_rank * tp + tp_rank``); returns the ``LLM`` arguments that
+    select it. With pp > 1 the decoder blocks go to stages as ``reallocation.layout`` splits them
+    (``VLLM_PP_LAYER_PARTITION``), so each stage receives exactly the blocks the layout gives it."""
+    size = tp * pp
     if not 0 <= rank < size or master is None:
-        raise ValueError(f"tp_rank={rank} needs 0 <= tp_rank < tensor_parallel_size={size} and tp_master=(addr, port)")
+        raise ValueError(f"engine rank={rank} needs 0 <= rank < tp x pp = {size} and master=(addr, port)")
     addr, port = master
     # Each rank's process sees only its own device (Ray sets CUDA_VISIBLE_DEVICES per actor): local rank 0.
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK="0", MASTER_ADDR=addr, MASTER_PORT=str(port))
     if not on_gpu:  # the ranks share the machine's cores; vLLM would pin each to the same ones
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-    return {"distributed_executor_backend": "external_launcher"}
+    if pp > 1:
+        from reallocation.layout import pipeline_stage_of_layer
+
+        num_layers = int(json.loads((model_dir / "config.json").read_text())["num_hidden_layers"])
+        stages = [pipeline_stage_of_layer(i + 1, num_layers, pp) for i in range(num_layers)]
+        os.environ["VLLM_PP_LAYER_PARTITION"] = ",".join(str(stages.count(s)) for s in range(pp))
+    return {"distributed_executor_backend": "external_launcher", "pipeline_parallel_size": pp}
+
+
+def _cpu_pipeline_buffers(llm: Any) -> None:
+    """Allocate the receive buffer of a later pipeline stage, which vLLM's GPU warm-up (a dummy run)
+    allocates and vLLM-CPU's warm-up does not (its first step then fails on an assertion; vLLM 0.32)."""
+    runner = llm.llm_engine.model_executor.driver_worker.worker.model_runner
+    if runner.intermediate_tensors is None:
+        runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
+            batch_size=runner.max_num_tokens, dtype=runner.model_config.dtype, device=runner.device
+        )
 
 
 class VLLMEngine:
@@ -242,13 +264,15 @@ class VLLMEngine:
         gpu_memory_utilization: float = 0.85,
         enforce_eager: bool | None = None,
         kv_cache_gib: float | None = None,
-        tp_rank: int | None = None,
-        tp_master: tuple[str, int] | None = None,
+        pipeline_parallel_size: int = 1,
+        rank: int | None = None,
+        master: tuple[str, int] | None = None,
         **llm_kwargs: Any,
     ) -> None:
-        """``tp_rank``, ``tp_master`` (address, port): this process is rank ``tp_rank`` of a TP engine
-        whose ranks the caller started (vLLM's ``external_launcher``: every rank runs the same requests
-        and holds its own shards, which the plan runtime sends it); without them vLLM starts its own."""
+        """``rank``, ``master`` (address, port): this process is rank ``rank`` of an engine of
+        ``tensor_parallel_size x pipeline_parallel_size`` ranks that the caller started (vLLM's
+        ``external_launcher``: every rank runs the same requests and holds its own shards, which the
+        plan runtime sends it; rank = stage x tp + tp rank); without them vLLM starts its own."""
         model_dir = Path(model_dir)
         tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else model_dir
         _check_dirs(model_dir, tokenizer_dir)
@@ -269,14 +293,20 @@ class VLLMEngine:
             enforce_eager=enforce_eager,
             llm_kwargs=llm_kwargs,
         )
-        if tp_rank is not None:
-            kwargs.update(_join_tensor_parallel_group(tp_rank, tensor_parallel_size, tp_master, on_gpu))
+        if rank is not None:
+            kwargs.update(
+                _join_engine_group(rank, tensor_parallel_size, pipeline_parallel_size, master, model_dir, on_gpu)
+            )
+        elif pipeline_parallel_size > 1:
+            raise ValueError("pipeline_parallel_size > 1 needs the engine's ranks started by the caller (rank, master)")
         with _cpu_kv_cache(None if on_gpu else kv_cache_gib, kwargs):
             self.llm = LLM(**kwargs)
+        if pipeline_parallel_size > 1 and not on_gpu:
+            _cpu_pipeline_buffers(self.llm)
         self.tokenizer = self.llm.get_tokenizer()
         self.seed = seed
         # An external_launcher engine always runs in this process; otherwise vLLM's own setting says.
-        self._in_process = tp_rank is not None or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
+        self._in_process = rank is not None or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
         self.sleep_mode = bool(llm_kwargs.get("enable_sleep_mode")) and on_gpu
         self.asleep = False
         self.info = EngineInfo(

@@ -73,11 +73,11 @@ def checkpoint_shaped(shard: torch.Tensor, box: Box, shape: Shape) -> torch.Tens
     return out
 
 
-def vllm_layout(tp: int, dp: int = 1, ranks: tuple[int, ...] | None = None) -> Layout:
-    """The layout of ``dp`` vLLM engines with tensor parallel size ``tp`` (vocab split like vLLM)."""
-    return Layout(
-        dp=dp, tp=tp, ranks=ranks, vocab_pad_to=VLLM_VOCAB_PAD_TO, name=f"vllm_tp{tp}" + (f"x{dp}" if dp > 1 else "")
-    )
+def vllm_layout(tp: int, dp: int = 1, ranks: tuple[int, ...] | None = None, pp: int = 1) -> Layout:
+    """The layout of ``dp`` vLLM engines of ``pp`` stages of tensor parallel size ``tp`` (vocab split
+    like vLLM; blocks split into stages as ``Layout`` does, which the engine tells vLLM to follow)."""
+    name = f"vllm_tp{tp}" + (f"_pp{pp}" if pp > 1 else "") + (f"x{dp}" if dp > 1 else "")
+    return Layout(pp=pp, dp=dp, tp=tp, ranks=ranks, vocab_pad_to=VLLM_VOCAB_PAD_TO, name=name)
 
 
 def hf_to_vllm_name(hf_name: str) -> tuple[str, int | None]:

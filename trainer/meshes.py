@@ -91,6 +91,11 @@ class Pipeline:
         return tuple(sorted(d for stage in self.stages for row in stage for d in row))
 
     @property
+    def devices_in_order(self) -> tuple[int, ...]:
+        """Stage by stage, row by row: a vLLM engine's rank order (stage x tp + tp rank)."""
+        return tuple(d for stage in self.stages for row in stage for d in row)
+
+    @property
     def leader(self) -> int:
         """The device that reports a replica's outputs: the last stage's first."""
         return self.stages[-1][0][0]

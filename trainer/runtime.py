@@ -15,7 +15,8 @@ Deployment (``PlanRuntime.start``)::
                      grades and reports; the other devices run only their part of the forward)
     one vLLM engine rank per actor_gen device, a companion process in the same bundle (vLLM
     builds its own torch.distributed world, so it cannot live inside the device worker's); with
-    tp > 1 the tp companions of a generation row form one engine (vLLM's external_launcher)
+    tp or pp > 1 the companions of a generation replica (pp stages of tp devices) form one engine
+    (vLLM's external_launcher)
 
 A call's devices form a grid (``trainer.meshes``): dp rows of tp devices. A training model is
 TP-sharded within each row and FSDP-sharded across rows (``reallocation.parallelize``: ``apply_tp``
@@ -38,9 +39,10 @@ Each call reports its start and end per device (``Event``) for the metrics and t
 Supported layouts: training and inference pp x dp x tp (tp must divide the kv heads; with pp > 1
 the model is cut into stages that pass hidden states on, ``trainer.pipeline``: a training call's
 stages are dp x tp grids, ``trainer.meshes.staged_grid``, an inference call's replicas (reward
-inference's too) one row per stage, ``pipelines_of``); generation dp x tp (vLLM's rules: tp divides
-the heads, kv heads are replicated when tp exceeds them). Other plans (pp > 1 in generation) are
-rejected at start naming the call and field.
+inference's too) one row per stage, ``pipelines_of``); generation pp x dp x tp, dp vLLM engines of
+pp stages of tp ranks (vLLM's rules: tp divides the heads, kv heads are replicated when tp exceeds
+them; its stages hold the blocks ``Layout`` gives them). Plans the runtime cannot run are rejected
+at start naming the call and field.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from reallocation.estimator import LayoutLimits
 from reallocation.execution_plan import CALL_MODEL, CallAllocation, ExecutionPlan
 from reallocation.layout import Holdings, ModelSpec
 from rewards.types import merge_reward_batches
-from trainer.meshes import Grid, Pipeline, grid_groups, grid_of, leaders, pipeline_groups, pipelines_of, staged_grid
+from trainer.meshes import Grid, Pipeline, grid_groups, grid_of, pipeline_groups, pipelines_of, staged_grid
 
 # Runtime steps that the plan does not name: old logprobs run on actor_train's devices.
 ACTOR_INF = "actor_inf"
@@ -77,10 +79,10 @@ class Event:
     end: float
 
 
-# Calls the runtime runs in pipeline stages (``trainer.pipeline``); vLLM generation is not split.
-PIPELINE_CALLS = ("actor_train", "critic_train", "ref_inf", "critic_inf", "rew_inf")
-# What check_supported lets through, for the plan search (``cluster.plan=search`` looks only at these).
-RUNTIME_LIMITS = LayoutLimits(pipeline_calls=PIPELINE_CALLS, generation_tp=True, kv_replication=False)
+# What check_supported lets through, for the plan search (``cluster.plan=search`` looks only at these):
+# pipeline stages in every call (``trainer.pipeline``; generation as vLLM's), TP dividing the kv heads
+# outside generation.
+RUNTIME_LIMITS = LayoutLimits(pipeline_calls=None, generation_tp=True, kv_replication=False)
 
 
 def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None = None) -> None:
@@ -94,11 +96,6 @@ def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None =
     """
     where = plan.origin or "plan"
     for name, alloc in plan.calls.items():
-        if alloc.pp != 1 and name not in PIPELINE_CALLS:
-            raise UnsupportedPlan(
-                f"{where}: calls.{name}.pp={alloc.pp}: the plan runtime runs pipeline stages only for "
-                f"{' and '.join(PIPELINE_CALLS)} (pp must be 1 here)"
-            )
         model = CALL_MODEL[name]
         spec = (specs or {}).get(model) or (None if model == "reward" else (specs or {}).get("actor"))
         if name == "actor_gen" and spec is not None:
@@ -126,14 +123,16 @@ def grid(alloc: CallAllocation) -> Grid:
 
 def engine_holdings(plan: ExecutionPlan, spec: ModelSpec) -> Holdings:
     """What each generation device's engine rank holds of the actor (HF name -> world rank -> box;
-    a device's world rank is its index in the plan's sorted devices): vLLM's TP boxes within each
-    generation row, the rows being replicas. A tp=1 engine holds every parameter in full."""
+    a device's world rank is its index in the plan's sorted devices): vLLM's TP boxes of its stage's
+    blocks, the replicas (``replicas``: pp stages of tp devices) being copies. A tp=1, pp=1 engine
+    holds every parameter in full."""
     from reallocation.names import vllm_layout
 
     devices = sorted({d for a in plan.calls.values() for d in a.devices})
-    rows = grid(plan.calls["actor_gen"])
-    ranks = tuple(devices.index(d) for row in rows for d in row)
-    return vllm_layout(len(rows[0]), len(rows), ranks).holdings(spec)
+    alloc = plan.calls["actor_gen"]
+    # Layout's rank order (pp, dp, tp) over the sorted devices is the order pipelines_of reads them in.
+    ranks = tuple(devices.index(d) for d in sorted(alloc.devices))
+    return vllm_layout(alloc.tp, alloc.dp, ranks, alloc.pp).holdings(spec)
 
 
 def reward_replicas(plan: ExecutionPlan) -> list[Pipeline]:
@@ -461,9 +460,9 @@ def _recipes(
 
 
 def _start_engines(pool: Any, plan: ExecutionPlan, backend: str, engine_kwargs: dict[str, Any]) -> bool:
-    """One vLLM engine rank beside each generation device (a row of tp devices is one engine);
-    returns whether they sleep between calls (GPU only: on GPUs that other calls use, vLLM gives its
-    memory back to training)."""
+    """One vLLM engine rank beside each generation device (a replica's pp stages of tp devices are
+    one engine); returns whether they sleep between calls (GPU only: on GPUs that other calls use,
+    vLLM gives its memory back to training)."""
     from models.vllm_engine import VLLMEngine
 
     alloc = plan.calls["actor_gen"]
@@ -472,12 +471,17 @@ def _start_engines(pool: Any, plan: ExecutionPlan, backend: str, engine_kwargs: 
         engine_kwargs = {**engine_kwargs, "kv_cache_gib": max(0.25, 1.0 / len(gen))}
     others = {d for c, a in plan.calls.items() if c != "actor_gen" for d in a.devices}
     sleeps = backend == "nccl" and bool(gen & others)
-    common = {**engine_kwargs, "tensor_parallel_size": alloc.tp, **({"enable_sleep_mode": True} if sleeps else {})}
+    common = {
+        **engine_kwargs,
+        "tensor_parallel_size": alloc.tp,
+        "pipeline_parallel_size": alloc.pp,
+        **({"enable_sleep_mode": True} if sleeps else {}),
+    }
     per_device = {d: common for d in gen}
-    if alloc.tp > 1:  # each row's companions build one engine together, on a port of their own
-        for row in grid(alloc):
-            master = pool.rendezvous(row[0])  # the engine's rank 0 listens on its own node
-            per_device.update({d: {**common, "tp_rank": i, "tp_master": master} for i, d in enumerate(row)})
+    if alloc.tp * alloc.pp > 1:  # each replica's companions build one engine together, on a port of their own
+        for pipe in replicas(alloc):
+            master = pool.rendezvous(pipe.devices_in_order[0])  # the engine's rank 0 listens on its own node
+            per_device.update({d: {**common, "rank": i, "master": master} for i, d in enumerate(pipe.devices_in_order)})
     pool.add_companions("engine", sorted(gen), VLLMEngine, per_device.__getitem__)
     return sleeps
 
@@ -496,7 +500,7 @@ class PlanRuntime:
         self._reward_calls = 0
         self.events: list[Event] = []
         self.gen_devices = list(plan.calls["actor_gen"].devices)
-        self.gen_rows = grid(plan.calls["actor_gen"])
+        self.gen_replicas = replicas(plan.calls["actor_gen"])
         self.engine_boxes = engine_boxes
         self.engines_sleep = False
 
@@ -579,24 +583,26 @@ class PlanRuntime:
     # -- calls ---------------------------------------------------------------------------------
 
     def generate(self, ids: list[list[int]], **sampling: Any) -> list[list[Any]]:
-        """actor_gen: the engine replicas (rows) split the prompts (data-parallel generation); every
-        TP rank of a replica runs its requests, and only the row's first device sends them back."""
+        """actor_gen: the engine replicas split the prompts (data-parallel generation); every rank
+        of a replica (its stages and TP ranks) runs its requests, and only the replica's first device
+        sends them back (vLLM's external_launcher gives every stage the sampled tokens)."""
         from reallocation.ray_workers import wait
 
-        num = len(self.gen_rows)
+        num = len(self.gen_replicas)
         chunks = [ids[i::num] for i in range(num)]
-        devices = [d for row in self.gen_rows for d in row]
+        firsts = [pipe.devices_in_order[0] for pipe in self.gen_replicas]
+        devices = [d for pipe in self.gen_replicas for d in pipe.devices]
         futures = [
-            self.pool.submit_companion("engine", d, "generate", chunk, report=d == row[0], **sampling)
-            for row, chunk in zip(self.gen_rows, chunks)
-            for d in row
+            self.pool.submit_companion("engine", d, "generate", chunk, report=d == first, **sampling)
+            for pipe, first, chunk in zip(self.gen_replicas, firsts, chunks)
+            for d in pipe.devices
         ]
         outs = dict(zip(devices, self._gather("actor_gen", devices, futures)))
         if self.engines_sleep:  # GPU only: give the memory back to training until the next call
             wait([self.pool.submit_companion("engine", d, "sleep") for d in self.gen_devices])
         merged: list = [None] * len(ids)
-        for i, leader in enumerate(leaders(self.gen_rows)):
-            merged[i::num] = outs[leader]
+        for i, first in enumerate(firsts):
+            merged[i::num] = outs[first]
         return merged
 
     def submit_reward(self, samples: list[Any]) -> tuple[str, list[int], list[Any], list[int]]:

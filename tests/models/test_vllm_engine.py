@@ -205,8 +205,8 @@ def _tensor_parallel_rank(rank: int, port: int, model_dir: str, out_dir: str) ->
         seed=0,
         max_model_len=256,
         tensor_parallel_size=2,
-        tp_rank=rank,
-        tp_master=("127.0.0.1", port),
+        rank=rank,
+        master=("127.0.0.1", port),
         kv_cache_gib=0.25,
     )
     sequences = [list(range(5, 45))]
@@ -256,3 +256,65 @@ def test_tensor_parallel_engine_ranks_load_only_their_own_shards(tiny_model_dir,
         assert max_abs_diff(out["after"], out["reference"]) < TOLERANCE
         assert max_abs_diff(out["after"], out["before"]) > 0.01
     assert ranks[0]["sampled"] == ranks[1]["sampled"]
+
+
+def _pipeline_rank(rank: int, port: int, model_dir: str, out_dir: str) -> None:
+    """One rank of an engine of 2 pipeline stages (``external_launcher``): greedy generation after
+    loading only this stage's boxes of perturbed weights (``vllm_layout(1, pp=2)``)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from reallocation.layout import ModelSpec, local_slices
+    from reallocation.names import vllm_layout
+
+    torch.set_num_threads(1)
+    engine = VLLMEngine(
+        model_dir,
+        dtype="float32",
+        seed=0,
+        max_model_len=256,
+        pipeline_parallel_size=2,
+        rank=rank,
+        master=("127.0.0.1", port),
+        kv_cache_gib=0.25,
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(model_dir))
+    full = model.state_dict()
+    shards = [
+        (name, tuple(full[name].shape), boxes[rank], full[name][local_slices(boxes[rank], ((0, 0),) * 2)].clone())
+        for name, boxes in vllm_layout(1, pp=2).holdings(spec).items()
+        if rank in boxes
+    ]
+    engine.load_shards(shards)
+    prompts = [list(range(5, 15)), list(range(20, 26))]
+    got = engine.generate(prompts, temperature=0.0, max_new_tokens=12, logprobs=False)
+    reference = [
+        model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False, eos_token_id=None)[0, len(p) :].tolist()
+        for p in prompts
+    ]
+    torch.save(
+        {"tokens": [list(o[0].token_ids) for o in got], "reference": reference, "names": [n for n, *_ in shards]},
+        f"{out_dir}/rank{rank}.pt",
+    )
+    engine.close()
+
+
+def test_pipeline_engine_stages_load_only_their_own_blocks(tiny_model_dir, tmp_path):
+    """Two engine processes form one engine of 2 pipeline stages; each is given only its stage's
+    parameters of new weights (stage 0: the embedding and block 0; stage 1: block 1, the norm and the
+    embedding again, which is the tied LM head), and both then generate greedily what transformers
+    generates with the new weights."""
+    import torch.multiprocessing as mp
+
+    from tests.conftest import free_port
+
+    mp.spawn(_pipeline_rank, args=(free_port(), str(tiny_model_dir), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    assert all(n == "model.embed_tokens.weight" or n.startswith("model.layers.0.") for n in ranks[0]["names"])
+    assert "model.norm.weight" in ranks[1]["names"] and not any("layers.0." in n for n in ranks[1]["names"])
+    for out in ranks:
+        assert out["tokens"] == out["reference"]

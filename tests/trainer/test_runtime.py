@@ -75,8 +75,7 @@ def test_unsupported_layouts_fail_naming_the_call():
     check_supported(gen_tp2)  # generation TP runs (vLLM replicates the one kv head on both ranks)
     for call in ("ref_inf", "critic_train"):  # training and inference run in pipeline stages
         check_supported(_plan(actor_gen=one, **{**calls, call: CallAllocation((0, 1), pp=2)}))
-    with pytest.raises(UnsupportedPlan, match=r"calls.actor_gen.pp=2: the plan runtime runs pipeline stages only"):
-        check_supported(_plan(actor_gen=CallAllocation((0, 1), pp=2), **calls))
+    check_supported(_plan(actor_gen=CallAllocation((0, 1, 2, 3), pp=2, tp=2), **calls))  # and generation
     tp2 = _plan(actor_gen=one, **{**calls, "critic_train": CallAllocation((0, 1), tp=2)})
     check_supported(tp2)  # training TP runs
     spec = ModelSpec(2, 128, 384, num_heads=2, num_kv_heads=1, head_dim=64, vocab_size=400, tie_word_embeddings=True)
@@ -125,6 +124,16 @@ def test_engine_holdings_are_vllm_boxes_per_generation_row():
         4: ((0, 400), (0, 128)),
         5: ((0, 400), (0, 128)),
     }
+    # One engine of 2 stages x TP 2 on devices 2..5 (world ranks 2..5): stage 0 = (2, 3) holds block 0
+    # and the embedding, stage 1 = (4, 5) block 1, the norm and the embedding again (the tied LM head).
+    staged = _plan(**{**plan.calls, "actor_gen": CallAllocation((2, 3, 4, 5), pp=2, tp=2)})
+    boxes = engine_holdings(staged, spec)
+    assert set(boxes["model.embed_tokens.weight"]) == {2, 3, 4, 5}
+    assert boxes["model.embed_tokens.weight"][3] == boxes["model.embed_tokens.weight"][5] == ((224, 400), (0, 128))
+    assert boxes["model.layers.0.self_attn.q_proj.weight"] == {2: ((0, 64), (0, 128)), 3: ((64, 128), (0, 128))}
+    assert boxes["model.layers.1.mlp.down_proj.weight"] == {4: ((0, 128), (0, 192)), 5: ((0, 128), (192, 384))}
+    assert boxes["model.norm.weight"] == {4: ((0, 128),), 5: ((0, 128),)}
+    assert pipelines_of((2, 3, 4, 5), pp=2, tp=2)[0].devices_in_order == (2, 3, 4, 5)  # vLLM's rank order
 
 
 TENSOR_PARALLEL = _plan(

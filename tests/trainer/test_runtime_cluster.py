@@ -9,7 +9,7 @@
   inference each a 2-stage pipeline, reward inference 2 replicas, and 2 generation replicas beside
   4-way FSDP actor training and the critic trained in 2 stages of 2 FSDP ranks; a
   tensor-parallel one: the actor trained in 2 stages of TP 2, the critic as 2 FSDP x 2 TP, the PRM
-  in 2 stages of TP 2, generation by one TP-2 vLLM engine): bytes moved
+  in 2 stages of TP 2, generation by one vLLM engine of 2 stages of TP 2): bytes moved
   equal the lower bound, every call has its start/end, the timeline picture exists, and all three
   give the same losses and metrics (placement must not change the math; tolerance below).
 
@@ -152,7 +152,7 @@ num_nodes: 2
 gpus_per_node: 4
 source: test-tensor-parallel
 calls:
-  actor_gen: {devices: [0, 1], tp: 2}
+  actor_gen: {devices: [0, 1, 2, 3], pp: 2, tp: 2}
   actor_train: {devices: [0, 1, 2, 3], pp: 2, tp: 2}
   critic_train: {devices: [4, 5, 6, 7], dp: 2, tp: 2}
   critic_inf: {devices: [4, 5, 6, 7], dp: 4}
@@ -200,7 +200,7 @@ def test_three_plans_train_the_same_on_a_simulated_two_node_cluster(cluster_addr
     inference each a 2-stage pipeline, 2 reward replicas, 2 generation replicas, on devices of their
     own; the critic trained in 2 stages x 2 FSDP ranks), and a tensor-parallel plan (the actor
     trained in 2 stages of TP 2, the critic as 2 FSDP x 2 TP, the PRM in 2 stages of TP 2, generation
-    by one TP-2 vLLM engine whose two ranks get their own boxes from the training ranks, critic
+    by one vLLM engine of 2 stages x TP 2 whose four ranks get their own boxes from the training ranks, critic
     inference on 4 replicas of the critic's devices, reference inference on one TP-2 replica). All
     on the tiny model with 2 kv heads (TP shards k/v by head; the default tiny model has one)."""
     common = (KV2, "+reward=prm_clip_delta", f"reward_models.prm.path={prm_dir}")
