@@ -234,6 +234,29 @@ def _join_engine_group(
     return {"distributed_executor_backend": "external_launcher", "pipeline_parallel_size": pp}
 
 
+def _start_llm(
+    kwargs: dict[str, Any],
+    engine: tuple[int | None, tuple[str, int] | None, int, int],
+    model_dir: Path,
+    on_gpu: bool,
+    kv_cache_gib: float | None,
+) -> Any:
+    """vLLM's ``LLM``: on its own, or as rank ``rank`` of the engine ``(rank, master, tp, pp)`` whose
+    ranks the caller started."""
+    from vllm import LLM
+
+    rank, master, tp, pp = engine
+    if rank is not None:
+        kwargs = {**kwargs, **_join_engine_group(rank, tp, pp, master, model_dir, on_gpu)}
+    elif pp > 1:
+        raise ValueError("pipeline_parallel_size > 1 needs the engine's ranks started by the caller (rank, master)")
+    with _cpu_kv_cache(kv_cache_gib, kwargs):
+        llm = LLM(**kwargs)
+    if pp > 1 and not on_gpu:
+        _cpu_pipeline_buffers(llm)
+    return llm
+
+
 def _cpu_pipeline_buffers(llm: Any) -> None:
     """Allocate the receive buffer of a later pipeline stage, which vLLM's GPU warm-up (a dummy run)
     allocates and vLLM-CPU's warm-up does not (its first step then fails on an assertion; vLLM 0.32)."""
@@ -277,7 +300,6 @@ class VLLMEngine:
         tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else model_dir
         _check_dirs(model_dir, tokenizer_dir)
         import vllm
-        from vllm import LLM
 
         on_gpu = torch.cuda.is_available()
         self._torch_threads_before, self._set_num_threads = _one_torch_thread_on_cpu(on_gpu)
@@ -293,16 +315,8 @@ class VLLMEngine:
             enforce_eager=enforce_eager,
             llm_kwargs=llm_kwargs,
         )
-        if rank is not None:
-            kwargs.update(
-                _join_engine_group(rank, tensor_parallel_size, pipeline_parallel_size, master, model_dir, on_gpu)
-            )
-        elif pipeline_parallel_size > 1:
-            raise ValueError("pipeline_parallel_size > 1 needs the engine's ranks started by the caller (rank, master)")
-        with _cpu_kv_cache(None if on_gpu else kv_cache_gib, kwargs):
-            self.llm = LLM(**kwargs)
-        if pipeline_parallel_size > 1 and not on_gpu:
-            _cpu_pipeline_buffers(self.llm)
+        engine = (rank, master, tensor_parallel_size, pipeline_parallel_size)
+        self.llm = _start_llm(kwargs, engine, model_dir, on_gpu, None if on_gpu else kv_cache_gib)
         self.tokenizer = self.llm.get_tokenizer()
         self.seed = seed
         # An external_launcher engine always runs in this process; otherwise vLLM's own setting says.
