@@ -283,14 +283,18 @@ def resolve_reward_model(path: str) -> Path:
 
 
 def build_reward_fn(
-    cfg: RewardConfig, policy_tokenizer, device: str = "cpu", shard: Callable[[Any], Body | None] | None = None
+    cfg: RewardConfig,
+    policy_tokenizer,
+    device: str = "cpu",
+    shard: Callable[[Any], Body | None] | None = None,
+    num_microbatches: int = 1,
 ) -> RewardFn:
     """Load what ``cfg`` needs (a missing or mismatched reward model fails here, before any rollout);
-    ``shard``: how to shard the reward model (``load_reward_model``)."""
+    ``shard``, ``num_microbatches``: how to shard the reward model and split its calls (``load_reward_model``)."""
     if cfg.kind == RewardKind.success:
         return ShapedReward(cfg, policy_tokenizer)
     model_dir = resolve_reward_model(cfg.model.path)
-    reward_model: RewardModel = load_reward_model(model_dir, cfg.model, cfg.kind, device, shard)
+    reward_model: RewardModel = load_reward_model(model_dir, cfg.model, cfg.kind, device, shard, num_microbatches)
     trained_with = reward_model.info.get("step_delimiter")
     if cfg.kind == RewardKind.prm and trained_with is not None and trained_with != cfg.step_delimiter:
         raise RewardModelError(

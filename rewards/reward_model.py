@@ -242,10 +242,14 @@ class RewardModel:
         batch_size: int,
         max_length: int,
         device: str,
+        num_microbatches: int = 1,
     ):
+        """``num_microbatches``: at least this many forwards per call (an execution plan's
+        micro-batches for reward inference); ``batch_size`` still caps the rows of each."""
         self.model, self.tokenizer, self.reader = model, tokenizer, reader
         self.fmt, self.readout, self.info = fmt, readout, info
         self.batch_size, self.max_length, self.device = batch_size, max_length, device
+        self.num_microbatches = num_microbatches
         self.pad_id = model.config.pad_token_id
 
     def _windows(self, question: str, text: str, read_chars: Sequence[int] | None) -> list[tuple[list[int], list[int]]]:
@@ -280,8 +284,9 @@ class RewardModel:
     def _score(self, encoded: list[tuple[list[int], list[int]]]) -> list[list[float]]:
         out: list[list[float]] = [[] for _ in encoded]
         order = sorted(range(len(encoded)), key=lambda i: len(encoded[i][0]))  # similar lengths pad less
-        for first in range(0, len(order), self.batch_size):
-            chunk = order[first : first + self.batch_size]
+        per_forward = min(self.batch_size, max(1, -(-len(order) // self.num_microbatches)))
+        for first in range(0, len(order), per_forward):
+            chunk = order[first : first + per_forward]
             width = max(len(encoded[i][0]) for i in chunk)
             ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
@@ -358,11 +363,12 @@ def load_reward_model(
     kind: RewardKind,
     device: str = "cpu",
     shard: Callable[[Any], Body | None] | None = None,
+    num_microbatches: int = 1,
 ) -> RewardModel:
     """Load the reward model in ``model_dir`` for ``kind`` (orm or prm), with config overrides applied.
 
     ``shard``: shards the loaded model in place (before its head is looked up) and returns the body
-    to run instead of the model's own, or None to keep it."""
+    to run instead of the model's own, or None to keep it. ``num_microbatches``: ``RewardModel``'s."""
     from transformers import AutoTokenizer
 
     model_dir = Path(model_dir)
@@ -401,4 +407,6 @@ def load_reward_model(
     )
     reader.body = body
     max_length = cfg.max_length or max_context(model_dir) or 0
-    return RewardModel(model, tokenizer, reader, fmt, readout, info, cfg.batch_size, max_length, device)
+    return RewardModel(
+        model, tokenizer, reader, fmt, readout, info, cfg.batch_size, max_length, device, num_microbatches
+    )

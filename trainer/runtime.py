@@ -232,12 +232,24 @@ class RewardWorker:
     reward model computes (the rew_inf device's GPU, or CPU).
 
     ``ranks``: this device's place in a rew_inf replica (``DeviceWorker._ranks``); the reward model
-    is then sharded over the replica (``trainer.workers.shard_replica``). Only the replica's last
+    is then sharded over the replica (``trainer.workers.shard_replica``). ``num_microbatches``: the
+    plan's for rew_inf (each call's share in at least that many forwards, as the cost model prices it).
+    ``offload``: an unsharded reward model's weights wait in host memory between calls and come to
+    ``device`` for each (as ``RefWorker``'s; on CPU this changes nothing). Only the replica's last
     stage's first device grades and reports; the others run their part of the reward model's forward
     on the same samples and return None.
     """
 
-    def __init__(self, ranks: Any = None, *, reward_cfg: Any, tokenizer_dir: str, device: str = "cpu"):
+    def __init__(
+        self,
+        ranks: Any = None,
+        *,
+        reward_cfg: Any,
+        tokenizer_dir: str,
+        device: str = "cpu",
+        num_microbatches: int = 1,
+        offload: bool = False,
+    ):
         from transformers import AutoTokenizer
 
         from rewards.build import build_reward_fn
@@ -246,14 +258,25 @@ class RewardWorker:
         sharded = ranks is not None and ranks.model_sharded
         shard = (lambda model: shard_replica(model, ranks)) if sharded else None
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        self.fn: Any = build_reward_fn(reward_cfg, tokenizer, device, shard)
+        self.fn: Any = build_reward_fn(reward_cfg, tokenizer, device, shard, num_microbatches)
         self.reports = not sharded or ((ranks.pipeline is None or ranks.pipeline.is_last) and ranks.rank == 0)
+        reward_model = getattr(self.fn, "reward_model", None)
+        self.offloaded = reward_model.model if offload and not sharded and reward_model is not None else None
+        self.device = device
+        if self.offloaded is not None:
+            self.offloaded.to("cpu")
 
     def score(self, samples):
-        if self.reports:
-            return self.fn(samples)
-        self.fn.run_reward_model(samples)
-        return None
+        if self.offloaded is not None:
+            self.offloaded.to(self.device)
+        try:
+            if self.reports:
+                return self.fn(samples)
+            self.fn.run_reward_model(samples)
+            return None
+        finally:
+            if self.offloaded is not None:
+                self.offloaded.to("cpu")
 
     def set_eta(self, eta: float) -> None:
         self.fn.set_eta(eta)
@@ -455,7 +478,14 @@ def _recipes(
                 **common,
             ),
         ),
-        "reward": (RewardWorker, reward),
+        "reward": (
+            RewardWorker,
+            {
+                **reward,
+                "num_microbatches": calls["rew_inf"].num_microbatches if "rew_inf" in calls else 1,
+                "offload": "rew_inf" in calls and calls["rew_inf"].offload,
+            },
+        ),
     }
 
 

@@ -108,6 +108,26 @@ def test_value_head_prm_scores(rm_dirs):
     assert longer[:1] == pytest.approx(scores[1][:1], abs=1e-5)
 
 
+def test_plan_micro_batches_split_each_call_and_batch_size_caps_them(rm_dirs):
+    """3 responses: one forward by default; 2 with num_microbatches=2 (2 rows + 1 row); 3 with
+    num_microbatches=2 and batch_size=1 (the cap wins). Same scores every time."""
+    steps = [steps_of(r) for r in RESPONSES]
+    expected = load_reward_model(rm_dirs["prm"], RewardModelConfig(), RewardKind.prm).score_steps([QUESTION] * 3, steps)
+    for batch_size, num_microbatches, sizes in [(16, 1, [3]), (16, 2, [2, 1]), (1, 2, [1, 1, 1])]:
+        cfg = RewardModelConfig(batch_size=batch_size)
+        prm = load_reward_model(rm_dirs["prm"], cfg, RewardKind.prm, num_microbatches=num_microbatches)
+        seen = []
+
+        def counting(ids, mask, prm=prm, seen=seen):
+            seen.append(ids.shape[0])
+            return prm.reader.hidden(ids, mask)
+
+        prm.reader.body = counting
+        scores = prm.score_steps([QUESTION] * 3, steps)
+        assert seen == sizes
+        assert torch.allclose(torch.tensor(sum(scores, [])), torch.tensor(sum(expected, [])), atol=1e-5)
+
+
 def test_step_tag_prm_reads_good_over_good_plus_bad(rm_dirs):
     from transformers import AutoModelForCausalLM
 

@@ -520,3 +520,42 @@ def test_sharded_reward_models_score_like_one_process(tiny_kv2_model_dir, tmp_pa
     stage0 = sorted(n for n in names if n == "model.embed_tokens.weight" or n.startswith("model.layers.0."))
     assert out[0]["params"] == out[1]["params"] == stage0
     assert out[2]["params"] == out[3]["params"] == sorted(set(names) - set(stage0))  # block 1, norm, score
+
+
+def test_reward_workers_get_the_plans_micro_batches_and_offload():
+    from trainer.runtime import RewardWorker, _recipes
+
+    plan = _plan(**{**DISJOINT.calls, "rew_inf": CallAllocation((4,), num_microbatches=4, offload=True)})
+    reward = {"reward_cfg": None, "tokenizer_dir": "unused", "device": "cpu"}
+    worker_cls, kwargs = _recipes(plan, {}, {}, {"policy_dir": "", "critic_dir": "", "temperature": 1.0}, reward)[
+        "reward"
+    ]
+    assert worker_cls is RewardWorker and (kwargs["num_microbatches"], kwargs["offload"]) == (4, True)
+
+
+@pytest.mark.gpu
+def test_offloaded_reward_model_waits_on_the_host_and_scores_on_the_gpu(tiny_kv2_model_dir, tmp_path):
+    """rew_inf's offload on a GPU: between calls the PRM's weights are in host memory, during a call
+    on the GPU, and the rewards are those of a PRM that never moves."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    from trainer.runtime import RewardWorker
+
+    torch.manual_seed(0)
+    AutoModelForTokenClassification.from_pretrained(tiny_kv2_model_dir, num_labels=1).save_pretrained(tmp_path / "prm")
+    AutoTokenizer.from_pretrained(tiny_kv2_model_dir).save_pretrained(tmp_path / "prm")
+    rm_dirs = {"policy": str(tiny_kv2_model_dir), "prm": str(tmp_path / "prm")}
+    cfg = _reward_configs({**rm_dirs, "orm": rm_dirs["prm"]})["prm"]  # only the PRM is loaded
+    samples = _reward_samples(rm_dirs["policy"])
+    kwargs = {"reward_cfg": cfg, "tokenizer_dir": rm_dirs["policy"], "device": "cuda"}
+    offloaded, resident = RewardWorker(**kwargs, offload=True), RewardWorker(**kwargs)
+    model = offloaded.fn.reward_model.model
+    assert next(model.parameters()).device.type == "cpu"
+    seen = []
+    reader = offloaded.fn.reward_model.reader
+    reader.body = lambda ids, mask: (seen.append(next(model.parameters()).device.type), reader.hidden(ids, mask))[1]
+    got, want = offloaded.score(samples), resident.score(samples)
+    assert seen and set(seen) == {"cuda"} and next(model.parameters()).device.type == "cpu"
+    assert torch.allclose(got.token_rewards, want.token_rewards, atol=1e-5)
