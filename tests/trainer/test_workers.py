@@ -416,8 +416,10 @@ def _pp2_dp2(rank: int, port: int, model_dir: str, work: str) -> None:
     }
     policy_state, critic_state = policy.state_dict_for_sync(), _full_state_dict(critic.model, critic.ranks)
     policy.save_checkpoint(Path(work) / "policy_ckpt")
+    policy.load_checkpoint(Path(work) / "one_ckpt")  # written by one process: each stage takes its part
+    loaded_state = policy.state_dict_for_sync()
     if rank == 0:
-        out.update(policy_state=policy_state, critic_state=critic_state)
+        out.update(policy_state=policy_state, critic_state=critic_state, loaded_state=loaded_state)
     torch.save(out, Path(work) / f"rank{rank}.pt")
     torch.distributed.destroy_process_group()
 
@@ -426,7 +428,8 @@ def test_pipeline_stages_x_fsdp_train_like_one_unsharded_process(tiny_model_dir,
     """Actor and critic in 2 pipeline stages x 2 FSDP ranks, 2 micro-batches per minibatch: the same
     logprobs, update stats and updated weights as one process on the whole batch. The tiny model's
     LM head is its embedding, held by both stages; its gradient is the sum of both stages' (a stage
-    alone would move it differently). The checkpoint the stages write loads into one process."""
+    alone would move it differently). The checkpoint the stages write loads into one process, and
+    one process's checkpoint into the stages."""
     model_dir = str(tiny_model_dir)
     batch = make_batch()
     policy = PolicyWorker(model_dir=model_dir, ppo=PPO, num_iterations=3)
@@ -434,6 +437,12 @@ def test_pipeline_stages_x_fsdp_train_like_one_unsharded_process(tiny_model_dir,
     logprobs, values = policy.compute_logprobs(batch), critic.compute_values(batch)
     data = add_ppo_fields(batch, logprobs, values)
     torch.save(data, tmp_path / "data.pt")
+    one_process = PolicyWorker(model_dir=model_dir, ppo=PPO, num_iterations=3)
+    one_process.update(data)  # optimizer state, and weights far from what the stages train to:
+    with torch.no_grad():
+        for param in one_process.model.parameters():
+            param.add_(0.01)
+    one_process.save_checkpoint(tmp_path / "one_ckpt")
 
     mp.spawn(_pp2_dp2, args=(free_port(), model_dir, str(tmp_path)), nprocs=4, join=True)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(4)]
@@ -460,6 +469,9 @@ def test_pipeline_stages_x_fsdp_train_like_one_unsharded_process(tiny_model_dir,
     one.load_checkpoint(tmp_path / "policy_ckpt")
     for name, tensor in one.state_dict_for_sync().items():
         torch.testing.assert_close(ranks[0]["policy_state"][name], tensor, atol=0, rtol=0, msg=name)
+    # And the other way: one process's checkpoint loads into the stages bit for bit.
+    for name, tensor in one_process.state_dict_for_sync().items():
+        torch.testing.assert_close(ranks[0]["loaded_state"][name], tensor, atol=0, rtol=0, msg=name)
 
 
 def _three_stages(rank: int, port: int, model_dir: str, work: str) -> None:
