@@ -7,7 +7,8 @@ The per-call model is analytic unless ``Hardware.profile`` holds measured per-la
 
 - compute: ``2 * N * tokens`` FLOPs per forward, x3 for training (x4 with activation
   checkpointing: the forward runs again in the backward), at ``mfu`` of peak, lower when a
-  micro-batch gives a GPU few tokens; pipeline bubble ``(pp - 1 + mb) / mb``;
+  micro-batch gives a GPU few tokens; pipeline bubble ``(pp - 1 + mb) / mb``; a call's ``mb``
+  micro-batches split its whole batch (the runtime cuts each PPO minibatch into its share of them);
 - tensor parallel: two ring all-reduces of the activations per layer and pass, plus a latency
   each (decode steps are latency bound);
 - FSDP (training ``dp``): each micro-batch all-gathers the weights for forward and backward and
@@ -17,7 +18,8 @@ The per-call model is analytic unless ``Hardware.profile`` holds measured per-la
   weights and KV cache or computes, whichever is slower; pipeline stages run in turn, waves
   overlap across stages;
 - memory per GPU (``call_memory``): resident bytes (training: bf16 weights + fp32 master, grads,
-  Adam = 18 B/param over FSDP; frozen ref/reward weights unless ``offload``) and active bytes
+  Adam = 18 B/param over FSDP, 16 in a float32 run; frozen ref/reward weights unless ``offload``;
+  every value in ``Workload.value_bytes``, the run's compute dtype) and active bytes
   (activations, or full-layer inputs only with checkpointing, logits, KV cache, and the
   call's own copy of a trainable model's weights);
 - offload: frozen weights return from host memory before each call (``host_bytes_per_s``);
@@ -40,7 +42,7 @@ import numpy as np
 from reallocation.execution_plan import CALL_KIND, CALL_MODEL, GENERATE, INFERENCE, TRAIN, CallAllocation, ExecutionPlan
 from reallocation.layout import ROW, ModelSpec
 
-BYTES = 2  # bf16 weights, activations and KV cache
+BYTES = 2  # bf16 weights, activations and KV cache (``Workload.value_bytes``'s default)
 TRAIN_STATE_BYTES = 18  # bf16 weights + fp32 master, gradients, Adam m and v, per parameter
 
 
@@ -140,10 +142,19 @@ class Workload:
     prompt_len: int
     gen_len: int
     limits: LayoutLimits = LayoutLimits()
+    value_bytes: int = BYTES
+    """Bytes of one weight, activation or KV-cache value in the run's compute dtype (4 for a float32
+    run, as on CPU)."""
 
     @property
     def seq_len(self) -> int:
         return self.prompt_len + self.gen_len
+
+    @property
+    def train_state_bytes(self) -> int:
+        """Per trainable parameter: bf16 runs keep an fp32 master copy (18 B); a float32 run keeps
+        the weights, gradients and Adam's m and v in float32 (16 B)."""
+        return TRAIN_STATE_BYTES if self.value_bytes == 2 else 4 * self.value_bytes
 
     @property
     def calls(self) -> tuple[str, ...]:
@@ -179,16 +190,23 @@ def _dp_link(alloc: CallAllocation, hw: Hardware) -> float:
 
 
 def _tp_comm(
-    spec: ModelSpec, alloc: CallAllocation, tokens_per_replica: float, num_collectives: int, hw: Hardware
+    spec: ModelSpec,
+    alloc: CallAllocation,
+    tokens_per_replica: float,
+    num_collectives: int,
+    hw: Hardware,
+    value_bytes: int = BYTES,
 ) -> float:
     """Ring all-reduces of ``tokens_per_replica`` activations, ``num_collectives`` per layer."""
     if alloc.tp == 1:
         return 0.0
-    volume = 2 * (alloc.tp - 1) / alloc.tp * tokens_per_replica * spec.hidden_size * BYTES
+    volume = 2 * (alloc.tp - 1) / alloc.tp * tokens_per_replica * spec.hidden_size * value_bytes
     return num_collectives * spec.num_layers * (volume / _tp_link(alloc, hw) + hw.collective_latency_s)
 
 
-def _pp_comm(spec: ModelSpec, alloc: CallAllocation, tokens_per_replica: float, passes: int, hw: Hardware) -> float:
+def _pp_comm(
+    spec: ModelSpec, alloc: CallAllocation, tokens_per_replica: float, passes: int, hw: Hardware, value_bytes: int
+) -> float:
     if alloc.pp == 1:
         return 0.0
     one_node = (
@@ -200,7 +218,7 @@ def _pp_comm(spec: ModelSpec, alloc: CallAllocation, tokens_per_replica: float, 
     return (
         passes
         * (alloc.pp - 1)
-        * (tokens_per_replica * spec.hidden_size * BYTES / alloc.tp / link + hw.collective_latency_s)
+        * (tokens_per_replica * spec.hidden_size * value_bytes / alloc.tp / link + hw.collective_latency_s)
     )
 
 
@@ -232,17 +250,17 @@ def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload,
         compute = (
             2 * n * tokens * passes / (len(alloc.devices) * hw.peak_flops * _efficiency(tokens_mb / tp, hw)) * bubble
         )
-    t = compute + _tp_comm(spec, alloc, tokens / dp, 2 * passes, hw) * bubble
-    t += _pp_comm(spec, alloc, tokens / dp, 2 if train else 1, hw)
+    t = compute + _tp_comm(spec, alloc, tokens / dp, 2 * passes, hw, w.value_bytes) * bubble
+    t += _pp_comm(spec, alloc, tokens / dp, 2 if train else 1, hw, w.value_bytes)
     if train:
-        shard = n * BYTES / (tp * pp)
+        shard = n * w.value_bytes / (tp * pp)
         if dp > 1:
             gathers = (2 * mb + 1) * (dp - 1) / dp * shard / _dp_link(alloc, hw)
             t = max(t, gathers) + hw.collective_latency_s * spec.num_layers * mb
         if hw.profile is not None:  # the measured Adam step of one unsharded layer, split by FSDP
             t += _measured("optimizer", spec, 0, alloc, hw) * spec.num_layers / (pp * dp)
         else:  # Adam reads and writes the fp32 state
-            t += 2 * n * (TRAIN_STATE_BYTES - BYTES) / (tp * pp * dp) / hw.hbm_bytes_per_s
+            t += 2 * n * (w.train_state_bytes - w.value_bytes) / (tp * pp * dp) / hw.hbm_bytes_per_s
     return t
 
 
@@ -262,20 +280,20 @@ def _generate_seconds(spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: H
         ) / pp
     else:
         prefill = 2 * n * prefill_tokens / (tp * hw.peak_flops * _efficiency(prefill_tokens / tp, hw))
-        weights = n * BYTES / (tp * pp)
-        kv_avg = _kv_bytes(spec, alloc, wave, context)
+        weights = n * w.value_bytes / (tp * pp)
+        kv_avg = _kv_bytes(spec, alloc, wave, context, w.value_bytes)
         stage = max((weights + kv_avg) / hw.hbm_bytes_per_s, 2 * n * wave / (tp * pp * hw.peak_flops * hw.mfu))
-    prefill += _tp_comm(spec, alloc, prefill_tokens, 2, hw)
-    stage += _tp_comm(spec, alloc, wave, 2, hw) / pp + hw.collective_latency_s * (pp > 1)
+    prefill += _tp_comm(spec, alloc, prefill_tokens, 2, hw, w.value_bytes)
+    stage += _tp_comm(spec, alloc, wave, 2, hw, w.value_bytes) / pp + hw.collective_latency_s * (pp > 1)
     # Waves overlap across pipeline stages: mb waves take (mb + pp - 1) stage-steps per token.
     decode = w.gen_len * stage * (mb + pp - 1)
     return prefill * (mb + pp - 1) + decode
 
 
-def _kv_bytes(spec: ModelSpec, alloc: CallAllocation, sequences: float, length: float) -> float:
+def _kv_bytes(spec: ModelSpec, alloc: CallAllocation, sequences: float, length: float, value_bytes: int) -> float:
     """KV cache on one GPU for ``sequences`` of ``length`` tokens (kv heads replicate when fewer than tp)."""
     kv_heads = max(1, spec.num_kv_heads // alloc.tp)
-    return sequences * length * 2 * kv_heads * spec.head_dim * BYTES * math.ceil(spec.num_layers / alloc.pp)
+    return sequences * length * 2 * kv_heads * spec.head_dim * value_bytes * math.ceil(spec.num_layers / alloc.pp)
 
 
 def shares_training_layout(call: str, alloc: CallAllocation, train: CallAllocation) -> bool:
@@ -300,38 +318,40 @@ def call_memory(
     """
     kind = CALL_KIND[call]
     n, pp, dp, tp, mb = spec.num_params(), alloc.pp, alloc.dp, alloc.tp, alloc.num_microbatches
-    weights = n * BYTES / (tp * pp)
+    weights = n * w.value_bytes / (tp * pp)
     layers = math.ceil(spec.num_layers / pp)
     if kind == GENERATE:
         wave = w.batch / (dp * mb)
         in_flight = min(mb, pp)  # waves whose KV caches coexist on a stage
-        return 0.0, _kv_bytes(spec, alloc, wave * in_flight, w.seq_len) + (weights if own_copy else 0.0)
+        return 0.0, _kv_bytes(spec, alloc, wave * in_flight, w.seq_len, w.value_bytes) + (weights if own_copy else 0.0)
     tokens_mb = w.batch * w.seq_len / (dp * mb)
     logits = tokens_mb * spec.vocab_size * 4 / tp  # fp32 logits of one micro-batch (last stage)
     if kind == TRAIN:
-        # ~34 B/token/hidden/layer saved without checkpointing (Korthikanti et al.); with it, each
-        # layer keeps its bf16 input and one layer is live at a time. 1F1B keeps min(pp, mb) in flight.
-        per_layer = (2 * spec.hidden_size) if alloc.activation_checkpointing else 34 * spec.hidden_size / tp
-        live = 0 if not alloc.activation_checkpointing else 34 * spec.hidden_size / tp
+        # ~34 B/token/hidden/layer saved in 16-bit without checkpointing (Korthikanti et al.; twice that
+        # in float32); with it, each layer keeps its input and one layer is live at a time. 1F1B keeps
+        # min(pp, mb) in flight.
+        layer_acts = 17 * w.value_bytes * spec.hidden_size / tp
+        per_layer = (w.value_bytes * spec.hidden_size) if alloc.activation_checkpointing else layer_acts
+        live = 0 if not alloc.activation_checkpointing else layer_acts
         acts = tokens_mb * (per_layer * layers + live) * min(pp, mb)
-        return n * TRAIN_STATE_BYTES / (tp * pp * dp), acts + 2 * logits
-    acts = tokens_mb * 34 * spec.hidden_size / tp + logits  # one layer at a time plus the logits
+        return n * w.train_state_bytes / (tp * pp * dp), acts + 2 * logits
+    acts = tokens_mb * 17 * w.value_bytes * spec.hidden_size / tp + logits  # one layer at a time plus the logits
     frozen = CALL_MODEL[call] in ("ref", "reward")
     if frozen:
         return (0.0, acts + weights) if alloc.offload else (weights, acts)
     return 0.0, acts + (weights if own_copy else 0.0)
 
 
-def offload_seconds(spec: ModelSpec, alloc: CallAllocation, hw: Hardware) -> float:
+def offload_seconds(spec: ModelSpec, alloc: CallAllocation, hw: Hardware, value_bytes: int = BYTES) -> float:
     """Reloading offloaded frozen weights before a call."""
-    return spec.num_params() * BYTES / (alloc.tp * alloc.pp) / hw.host_bytes_per_s if alloc.offload else 0.0
+    return spec.num_params() * value_bytes / (alloc.tp * alloc.pp) / hw.host_bytes_per_s if alloc.offload else 0.0
 
 
 @lru_cache(maxsize=64)
-def _class_bytes(spec: ModelSpec) -> tuple[float, float]:
+def _class_bytes(spec: ModelSpec, value_bytes: int) -> tuple[float, float]:
     """Bytes of parameters split on dim 0 under TP (column, kv, vocab, norms) and on dim 1 (row)."""
     row = sum(math.prod(p.shape) for p in spec.params() if p.kind == ROW)
-    return (spec.num_params() - row) * BYTES, row * BYTES
+    return (spec.num_params() - row) * value_bytes, row * value_bytes
 
 
 def _shard_intervals(alloc: CallAllocation, kind: str) -> np.ndarray:
@@ -360,19 +380,31 @@ def _norm_key(alloc: CallAllocation) -> CallAllocation:
 
 
 def realloc_seconds(
-    spec: ModelSpec, src: CallAllocation, src_kind: str, dst: CallAllocation, dst_kind: str, hw: Hardware
+    spec: ModelSpec,
+    src: CallAllocation,
+    src_kind: str,
+    dst: CallAllocation,
+    dst_kind: str,
+    hw: Hardware,
+    value_bytes: int = BYTES,
 ) -> float:
-    """Seconds to give every GPU of ``dst`` its shard of ``spec`` from the GPUs of ``src``."""
-    return _realloc_seconds(spec, _norm_key(src), src_kind == TRAIN, _norm_key(dst), dst_kind == TRAIN, hw)
+    """Seconds to give every GPU of ``dst`` its shard of ``spec`` (``value_bytes`` per value) from the GPUs of ``src``."""
+    return _realloc_seconds(spec, _norm_key(src), src_kind == TRAIN, _norm_key(dst), dst_kind == TRAIN, hw, value_bytes)
 
 
 @lru_cache(maxsize=100_000)
 def _realloc_seconds(
-    spec: ModelSpec, src: CallAllocation, src_train: bool, dst: CallAllocation, dst_train: bool, hw: Hardware
+    spec: ModelSpec,
+    src: CallAllocation,
+    src_train: bool,
+    dst: CallAllocation,
+    dst_train: bool,
+    hw: Hardware,
+    value_bytes: int,
 ) -> float:
     if src == dst and src_train == dst_train:
         return 0.0
-    col, row = _class_bytes(spec)
+    col, row = _class_bytes(spec, value_bytes)
     s_box = _shard_intervals(src, TRAIN if src_train else INFERENCE)
     d_box = _shard_intervals(dst, TRAIN if dst_train else INFERENCE)
     # Source pieces: ranks with distinct boxes (dp replicas of inference/generation share one).
@@ -525,7 +557,9 @@ class Evaluator:
         out = self._facts.get(key)
         if out is None:
             spec = self.w.spec(call)
-            seconds = call_seconds(call, spec, a, self.w, self.hw) + offload_seconds(spec, a, self.hw)
+            seconds = call_seconds(call, spec, a, self.w, self.hw) + offload_seconds(
+                spec, a, self.hw, self.w.value_bytes
+            )
             resident, active = call_memory(call, spec, a, self.w, True)
             _, without = call_memory(call, spec, a, self.w, False)
             out = self._facts[key] = (seconds, resident, without, active - without)
@@ -548,8 +582,8 @@ class Evaluator:
             else:
                 spec, kind = self.w.spec(call), CALL_KIND[call]
                 out = (
-                    realloc_seconds(spec, train, TRAIN, a, kind, self.hw),
-                    realloc_seconds(spec, a, kind, train, TRAIN, self.hw),
+                    realloc_seconds(spec, train, TRAIN, a, kind, self.hw, self.w.value_bytes),
+                    realloc_seconds(spec, a, kind, train, TRAIN, self.hw, self.w.value_bytes),
                 )
             self._moves[key] = out
         return out

@@ -159,7 +159,9 @@ def model_specs(
 
 
 def workload(cfg: TrainConfig, specs: dict[str, ModelSpec]):
-    """The cost model's ``Workload`` of one iteration, at full prompt and response length."""
+    """The cost model's ``Workload`` of one iteration, at full prompt and response length, in the
+    run's compute dtype (``model.dtype``: float32 runs hold twice the bytes of bf16 ones)."""
+    from reallocation.dtypes import torch_dtype
     from reallocation.estimator import Workload
     from trainer.runtime import RUNTIME_LIMITS
 
@@ -172,6 +174,7 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec]):
         prompt_len=r.max_prompt_tokens,
         gen_len=r.max_new_tokens,
         limits=RUNTIME_LIMITS,  # the search proposes only plans the plan runtime runs
+        value_bytes=torch_dtype(cfg.model.dtype).itemsize,
     )
 
 

@@ -731,8 +731,7 @@ class PlanRuntime:
             len(shards),
             update_seed(self.seed, iteration),
         )
-        # Every rank runs the same number of micro-batches (FSDP's collectives pair up), at most one per row.
-        num_micro = min([alloc.num_microbatches] + [n for s in sizes for n in s])
+        num_micro = microbatches_per_minibatch(alloc.num_microbatches, self.ppo.num_minibatches, sizes)
         devices = [d for shard in shards for d in shard]
         futures = [
             self.pool.submit(d, "call", role, "update", select(batch, shares[i]), sizes[i], num_micro)
@@ -808,6 +807,16 @@ class PlanRuntime:
 
     def shutdown(self) -> None:
         self.pool.shutdown()
+
+
+def microbatches_per_minibatch(num_microbatches: int, num_minibatches: int, sizes: Sequence[Sequence[int]]) -> int:
+    """How many micro-batches each PPO minibatch of a training call is cut into. The plan (and the
+    cost model that priced it) counts ``num_microbatches`` over the call's whole batch, which the
+    update splits into ``num_minibatches``: each minibatch takes ceil(mb / num_minibatches), so a
+    micro-batch is as large as priced, never larger. Every rank runs the same number (FSDP's
+    collectives pair up), at most one per row of its smallest share (``sizes``: rows per minibatch,
+    per rank): 512 micro-batches over 4 minibatches of 1024 rows per rank are 128 of 8 rows each."""
+    return min([-(-num_microbatches // num_minibatches)] + [n for s in sizes for n in s])
 
 
 def _row_slices(batch: Mapping[str, torch.Tensor], num_parts: int) -> list[dict[str, torch.Tensor]]:

@@ -85,6 +85,25 @@ def test_micro_batches_and_checkpointing_trade_memory_for_time():
     assert call_seconds(call, LLAMA_7B, eight, PAPER_7B, HW) > t_plain
 
 
+def test_a_float32_run_is_priced_at_four_bytes_a_value():
+    """The same calls in float32: weights, activations (34 -> 68 B per token, hidden unit and layer) and
+    KV cache double; training state is 16 B per parameter (no bf16 copy beside the fp32 master)."""
+    from dataclasses import replace
+
+    fp32 = replace(PAPER_7B, value_bytes=4)
+    n, eight = LLAMA_7B.num_params(), CallAllocation(devices=tuple(range(8)), dp=8, num_microbatches=8)
+    assert call_memory("ref_inf", LLAMA_7B, eight, fp32)[0] == pytest.approx(n * 4)
+    res, act = call_memory("actor_train", LLAMA_7B, eight, fp32)
+    res16, act16 = call_memory("actor_train", LLAMA_7B, eight, PAPER_7B)
+    logits = 2 * PAPER_7B.batch * PAPER_7B.seq_len / 64 * LLAMA_7B.vocab_size * 4  # fp32 in both
+    assert (res, res16) == (pytest.approx(n * 16 / 8), pytest.approx(n * 18 / 8))
+    assert act - logits == pytest.approx(2 * (act16 - logits))
+    gen = CallAllocation(devices=(0,), num_microbatches=64)
+    assert call_memory("actor_gen", LLAMA_7B, gen, fp32)[1] == pytest.approx(
+        2 * call_memory("actor_gen", LLAMA_7B, gen, PAPER_7B)[1]
+    )
+
+
 def test_offload_frees_resident_memory_and_costs_a_reload():
     alloc = CallAllocation(devices=(0, 1), dp=2)
     off = CallAllocation(devices=(0, 1), dp=2, offload=True)

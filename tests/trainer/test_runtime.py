@@ -559,3 +559,15 @@ def test_offloaded_reward_model_waits_on_the_host_and_scores_on_the_gpu(tiny_kv2
     got, want = offloaded.score(samples), resident.score(samples)
     assert seen and set(seen) == {"cuda"} and next(model.parameters()).device.type == "cpu"
     assert torch.allclose(got.token_rewards, want.token_rewards, atol=1e-5)
+
+
+def test_training_micro_batches_are_the_size_the_plan_priced():
+    """The plan counts micro-batches over the whole batch; the update cuts it into minibatches first.
+    512 over 4 minibatches of 1024 rows per rank: 128 each (8 rows, as priced); 6 over 4: 2 each
+    (never larger than priced); at most one per row of the smallest share."""
+    from trainer.runtime import microbatches_per_minibatch
+
+    assert microbatches_per_minibatch(512, 4, [[1024, 1024], [1024, 1024]]) == 128
+    assert microbatches_per_minibatch(6, 4, [[64]]) == 2
+    assert microbatches_per_minibatch(1, 4, [[64]]) == 1
+    assert microbatches_per_minibatch(64, 1, [[48], [40]]) == 40
