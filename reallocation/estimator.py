@@ -145,6 +145,13 @@ class Workload:
     value_bytes: int = BYTES
     """Bytes of one weight, activation or KV-cache value in the run's compute dtype (4 for a float32
     run, as on CPU)."""
+    num_epochs: int = 1
+    """PPO epochs: training calls pass over the batch this many times."""
+    num_minibatches: int = 1
+    """Optimizer steps per epoch (each a pipeline flush)."""
+    old_logprobs_pass: bool = False
+    """The PPO ratio's old logprobs come from one more forward of the actor on actor training's
+    layout (realm's runtime does this; ReaL takes them from generation), priced into actor_train."""
 
     @property
     def seq_len(self) -> int:
@@ -230,38 +237,58 @@ def _measured(
 
 
 def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:
-    """Seconds for ``call`` under ``alloc`` (reallocation and offload reloads excluded)."""
+    """Seconds for ``call`` under ``alloc`` (reallocation and offload reloads excluded).
+
+    A training call makes ``w.num_epochs`` passes over its batch, each in ``w.num_minibatches``
+    optimizer steps (a pipeline flush after each); with ``w.old_logprobs_pass`` actor training also
+    carries the forward that computes the ratio's old logprobs on its layout.
+    """
     kind = CALL_KIND[call]
     if kind == GENERATE:
         return _generate_seconds(spec, alloc, w, hw)
+    if kind != TRAIN:
+        return _passes_seconds(spec, alloc, w, hw, passes=1, flushes=1)
+    n, mb, pp, dp, tp = spec.num_params(), alloc.num_microbatches, alloc.pp, alloc.dp, alloc.tp
+    epochs, steps = w.num_epochs, w.num_epochs * w.num_minibatches
+    passes = 4 if alloc.activation_checkpointing else 3
+    t = epochs * _passes_seconds(spec, alloc, w, hw, passes=passes, flushes=w.num_minibatches)
+    shard = n * w.value_bytes / (tp * pp)
+    if dp > 1:  # all-gathers for each micro-batch's forward and backward, a reduce-scatter per step
+        gathers = (2 * mb * epochs + steps) * (dp - 1) / dp * shard / _dp_link(alloc, hw)
+        t = max(t, gathers) + hw.collective_latency_s * spec.num_layers * mb * epochs
+    if hw.profile is not None:  # the measured Adam step of one unsharded layer, split by FSDP
+        t += steps * _measured("optimizer", spec, 0, alloc, hw) * spec.num_layers / (pp * dp)
+    else:  # Adam reads and writes the fp32 state
+        t += steps * 2 * n * (w.train_state_bytes - w.value_bytes) / (tp * pp * dp) / hw.hbm_bytes_per_s
+    if call == "actor_train" and w.old_logprobs_pass:
+        t += _passes_seconds(spec, alloc, w, hw, passes=1, flushes=1)
+    return t
+
+
+def _passes_seconds(
+    spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware, *, passes: int, flushes: int
+) -> float:
+    """``passes`` passes over the whole batch (1: a forward; 3: forward and backward; 4: with the
+    forward recomputed) in ``num_microbatches`` micro-batches, the pipeline flushed ``flushes`` times:
+    compute with the pipeline bubble, TP all-reduces and stage-to-stage sends."""
     n = spec.num_params()
     mb, pp, dp, tp = alloc.num_microbatches, alloc.pp, alloc.dp, alloc.tp
     tokens = w.batch * w.seq_len
     tokens_mb = tokens / (dp * mb)  # one replica's micro-batch
-    train = kind == TRAIN
-    passes = (4 if alloc.activation_checkpointing else 3) if train else 1
-    bubble = (mb + pp - 1) / mb
+    per_flush = max(1, -(-mb // flushes))
+    bubble = (per_flush + pp - 1) / per_flush
     if hw.profile is not None:
+        train = passes > 1
         layer = _measured("train" if train else "forward", spec, tokens_mb, alloc, hw, w.seq_len)
         head = _measured("head_train" if train else "head_forward", spec, tokens_mb, alloc, hw, w.seq_len)
-        ckpt = (4 / 3) if train and alloc.activation_checkpointing else 1.0
-        compute = (layer * ckpt * spec.num_layers / pp + head) * mb * bubble
+        recompute = (4 / 3) if passes == 4 else 1.0
+        compute = (layer * recompute * spec.num_layers / pp + head) * mb * bubble
     else:
         compute = (
             2 * n * tokens * passes / (len(alloc.devices) * hw.peak_flops * _efficiency(tokens_mb / tp, hw)) * bubble
         )
     t = compute + _tp_comm(spec, alloc, tokens / dp, 2 * passes, hw, w.value_bytes) * bubble
-    t += _pp_comm(spec, alloc, tokens / dp, 2 if train else 1, hw, w.value_bytes)
-    if train:
-        shard = n * w.value_bytes / (tp * pp)
-        if dp > 1:
-            gathers = (2 * mb + 1) * (dp - 1) / dp * shard / _dp_link(alloc, hw)
-            t = max(t, gathers) + hw.collective_latency_s * spec.num_layers * mb
-        if hw.profile is not None:  # the measured Adam step of one unsharded layer, split by FSDP
-            t += _measured("optimizer", spec, 0, alloc, hw) * spec.num_layers / (pp * dp)
-        else:  # Adam reads and writes the fp32 state
-            t += 2 * n * (w.train_state_bytes - w.value_bytes) / (tp * pp * dp) / hw.hbm_bytes_per_s
-    return t
+    return t + _pp_comm(spec, alloc, tokens / dp, 2 if passes > 1 else 1, hw, w.value_bytes)
 
 
 def _generate_seconds(spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:

@@ -159,8 +159,9 @@ def model_specs(
 
 
 def workload(cfg: TrainConfig, specs: dict[str, ModelSpec]):
-    """The cost model's ``Workload`` of one iteration, at full prompt and response length, in the
-    run's compute dtype (``model.dtype``: float32 runs hold twice the bytes of bf16 ones)."""
+    """The cost model's ``Workload`` of one iteration as the runtime runs it: full prompt and response
+    length, the run's compute dtype (``model.dtype``: float32 runs hold twice the bytes of bf16 ones),
+    its PPO epochs and minibatches, and the old logprobs' forward on actor training's layout."""
     from reallocation.dtypes import torch_dtype
     from reallocation.estimator import Workload
     from trainer.runtime import RUNTIME_LIMITS
@@ -175,6 +176,9 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec]):
         gen_len=r.max_new_tokens,
         limits=RUNTIME_LIMITS,  # the search proposes only plans the plan runtime runs
         value_bytes=torch_dtype(cfg.model.dtype).itemsize,
+        num_epochs=cfg.ppo.num_epochs,
+        num_minibatches=cfg.ppo.num_minibatches,
+        old_logprobs_pass=True,  # trainer.runtime's ACTOR_INF
     )
 
 

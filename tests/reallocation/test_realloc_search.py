@@ -104,6 +104,28 @@ def test_a_float32_run_is_priced_at_four_bytes_a_value():
     )
 
 
+def test_training_is_priced_per_epoch_and_step_with_the_old_logprobs_forward():
+    """On one GPU: 2 epochs of 4 steps cost twice the passes and 8 Adam steps; the old logprobs'
+    forward adds a third of one epoch's 3 passes, to actor training only; pipeline flushes after
+    every minibatch cost bubbles."""
+    from dataclasses import replace
+
+    one, n = CallAllocation(devices=(0,), num_microbatches=8), LLAMA_7B.num_params()
+    base = call_seconds("actor_train", LLAMA_7B, one, PAPER_7B, HW)
+    adam = 2 * n * (18 - 2) / HW.hbm_bytes_per_s
+    passes = base - adam
+    epochs = replace(PAPER_7B, num_epochs=2, num_minibatches=4)
+    assert call_seconds("actor_train", LLAMA_7B, one, epochs, HW) == pytest.approx(2 * passes + 8 * adam)
+    old = replace(PAPER_7B, old_logprobs_pass=True)
+    assert call_seconds("actor_train", LLAMA_7B, one, old, HW) == pytest.approx(base + passes / 3)
+    assert call_seconds("critic_train", LLAMA_7B, one, old, HW) == pytest.approx(base)
+    staged = CallAllocation(devices=(0, 1), pp=2, num_microbatches=8)
+    flushed = replace(PAPER_7B, num_minibatches=4)  # 2 micro-batches per flush: bubble 3/2, not 9/8
+    assert call_seconds("actor_train", LLAMA_7B, staged, flushed, HW) > call_seconds(
+        "actor_train", LLAMA_7B, staged, PAPER_7B, HW
+    )
+
+
 def test_offload_frees_resident_memory_and_costs_a_reload():
     alloc = CallAllocation(devices=(0, 1), dp=2)
     off = CallAllocation(devices=(0, 1), dp=2, offload=True)
