@@ -190,9 +190,10 @@ def test_cpu_kv_cache_sets_whole_gib_or_bytes_and_restores(monkeypatch):
         assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "1"
 
 
-def _tensor_parallel_rank(rank: int, port: int, model_dir: str, out_dir: str) -> None:
-    """One rank of a TP-2 engine (``external_launcher``): generation before and after loading only
-    this rank's own boxes of perturbed weights (``vllm_layout(2)``, as the plan runtime sends them)."""
+def _engine_rank_with_new_weights(rank: int, port: int, model_dir: str, *, tp: int = 1, pp: int = 1):
+    """Rank ``rank`` of an engine of tp x pp ranks (``external_launcher``), the model with seeded
+    noise added to every weight, and this rank's boxes of those new weights as the plan runtime sends
+    them (``vllm_layout(tp, pp=pp)``: ``(name, full shape, box, shard)``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from reallocation.layout import ModelSpec, local_slices
@@ -204,13 +205,12 @@ def _tensor_parallel_rank(rank: int, port: int, model_dir: str, out_dir: str) ->
         dtype="float32",
         seed=0,
         max_model_len=256,
-        tensor_parallel_size=2,
+        tensor_parallel_size=tp,
+        pipeline_parallel_size=pp,
         rank=rank,
         master=("127.0.0.1", port),
         kv_cache_gib=0.25,
     )
-    sequences = [list(range(5, 45))]
-    before = engine.prompt_logprobs(sequences)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     torch.manual_seed(0)
     with torch.no_grad():
@@ -218,10 +218,21 @@ def _tensor_parallel_rank(rank: int, port: int, model_dir: str, out_dir: str) ->
             p.add_(0.05 * torch.randn_like(p))
     spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(model_dir))
     full = model.state_dict()
-    shards = []
-    for name, boxes in vllm_layout(2).holdings(spec).items():
-        box = boxes[rank]
-        shards.append((name, tuple(full[name].shape), box, full[name][local_slices(box, ((0, 0),) * len(box))].clone()))
+    shards = [
+        (name, tuple(full[name].shape), box, full[name][local_slices(box, ((0, 0),) * len(box))].clone())
+        for name, boxes in vllm_layout(tp, pp=pp).holdings(spec).items()
+        if (box := boxes.get(rank)) is not None
+    ]
+    return engine, model, shards
+
+
+def _tensor_parallel_rank(rank: int, port: int, model_dir: str, out_dir: str) -> None:
+    """One rank of a TP-2 engine (``external_launcher``): generation before and after loading only
+    this rank's own boxes of perturbed weights (``vllm_layout(2)``, as the plan runtime sends them)."""
+    engine, model, shards = _engine_rank_with_new_weights(rank, port, model_dir, tp=2)
+    sequences = [list(range(5, 45))]
+    before = engine.prompt_logprobs(sequences)
+    full = model.state_dict()
     num_loaded = engine.load_shards(shards)
     after = engine.prompt_logprobs(sequences)
     sampled = engine.generate([list(range(5, 15))], temperature=1.0, max_new_tokens=12, seed=3)[0][0].token_ids
@@ -261,34 +272,7 @@ def test_tensor_parallel_engine_ranks_load_only_their_own_shards(tiny_model_dir,
 def _pipeline_rank(rank: int, port: int, model_dir: str, out_dir: str) -> None:
     """One rank of an engine of 2 pipeline stages (``external_launcher``): greedy generation after
     loading only this stage's boxes of perturbed weights (``vllm_layout(1, pp=2)``)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from reallocation.layout import ModelSpec, local_slices
-    from reallocation.names import vllm_layout
-
-    torch.set_num_threads(1)
-    engine = VLLMEngine(
-        model_dir,
-        dtype="float32",
-        seed=0,
-        max_model_len=256,
-        pipeline_parallel_size=2,
-        rank=rank,
-        master=("127.0.0.1", port),
-        kv_cache_gib=0.25,
-    )
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(0.05 * torch.randn_like(p))
-    spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(model_dir))
-    full = model.state_dict()
-    shards = [
-        (name, tuple(full[name].shape), boxes[rank], full[name][local_slices(boxes[rank], ((0, 0),) * 2)].clone())
-        for name, boxes in vllm_layout(1, pp=2).holdings(spec).items()
-        if rank in boxes
-    ]
+    engine, model, shards = _engine_rank_with_new_weights(rank, port, model_dir, pp=2)
     engine.load_shards(shards)
     prompts = [list(range(5, 15)), list(range(20, 26))]
     got = engine.generate(prompts, temperature=0.0, max_new_tokens=12, logprobs=False)
