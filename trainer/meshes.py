@@ -63,11 +63,6 @@ def dp_index(grid: Grid, device: int) -> int:
     return grid.index(row_of(grid, device))
 
 
-def leaders(grid: Grid) -> list[int]:
-    """Each row's first device: the one whose inference outputs are kept."""
-    return [row[0] for row in grid]
-
-
 def global_grid(grid: Grid, rank_of: Sequence[int] | dict[int, int]) -> list[list[int]]:
     """``grid`` in global ranks (``rank_of[device]``), the ``mesh`` that ``DeviceMesh.from_group`` takes."""
     return [[rank_of[d] for d in row] for row in grid]

@@ -8,7 +8,7 @@ import torch
 
 from reallocation.execution_plan import CallAllocation, ExecutionPlan
 from reallocation.layout import ModelSpec, full_box
-from trainer.meshes import Pipeline, column_of, dp_index, grid_groups, grid_of, leaders, pipelines_of, staged_grid
+from trainer.meshes import Pipeline, column_of, dp_index, grid_groups, grid_of, pipelines_of, staged_grid
 from trainer.runtime import (
     Event,
     UnsupportedPlan,
@@ -219,7 +219,6 @@ def test_training_stages_are_grids_and_their_columns_pass_activations():
 def test_grid_groups_of_plain_data_parallel_need_no_rows_or_columns():
     assert grid_groups(grid_of((3, 1, 2, 0), tp=1)) == [(0, 1, 2, 3)]
     assert grid_groups(((5,),)) == []
-    assert leaders(grid_of(range(6), tp=3)) == [0, 3]
     with pytest.raises(ValueError, match="3 devices cannot form rows of tp=2"):
         grid_of((0, 1, 2), tp=2)
 
