@@ -128,13 +128,19 @@ class ShapedReward:
         self.reward_model = reward_model
         self.grade_fn = grade_fn or _default_grade
         self.eta = cfg.eta
-        self._calibrate_eta = cfg.eta_zero_fraction is not None
+        self.alpha = cfg.alpha
+        self._calibrate = cfg.eta_zero_fraction is not None or cfg.alpha_matched_to is not None
 
-    def set_eta(self, eta: float) -> None:
-        """Fix the Clip threshold (turns off calibration on the first call)."""
-        if not 0.0 <= eta <= 1.0:
-            raise ValueError(f"eta={eta}: must lie in [0, 1]")
-        self.eta, self._calibrate_eta = eta, False
+    def calibration(self) -> dict[str, float]:
+        """What the first call calibrated (Clip's eta, the control's alpha): a resumed run or another
+        replica loads it with ``set_calibration`` so that every call uses the first rollouts' values."""
+        return {"eta": self.eta, "alpha": self.alpha}
+
+    def set_calibration(self, state: dict[str, float]) -> None:
+        """Fix eta and alpha (turns off calibration on the first call)."""
+        if not 0.0 <= state["eta"] <= 1.0:
+            raise ValueError(f"eta={state['eta']}: must lie in [0, 1]")
+        self.eta, self.alpha, self._calibrate = state["eta"], state["alpha"], False
 
     def __call__(self, samples: Sequence[RewardSample]) -> RewardBatch:
         cfg = self.cfg
@@ -171,6 +177,7 @@ class ShapedReward:
                 {
                     "reward/success": float(success.mean()),
                     "reward/learned": float(learned.mean()),
+                    "reward/learned_std": float(learned.std(correction=0)),
                     "reward/num_steps": float(num_steps.float().mean()),
                     "reward/response_tokens": float(lengths.float().mean()),
                 }
@@ -209,31 +216,45 @@ class ShapedReward:
         """alpha * ORM score per response [B] (0 for an empty response); adds the mean score to ``metrics``."""
         scores = torch.tensor(self._outcome_scores(samples, segments))
         metrics["reward/orm_score"] = float(scores.mean()) if len(samples) else 0.0
-        return self.cfg.alpha * scores * (lengths > 0)
+        return self.alpha * scores * (lengths > 0)
 
     def _prm_step_rewards(
         self, step_scores: list[list[float]], step_mask: torch.Tensor, metrics: dict[str, float]
     ) -> torch.Tensor:
         """alpha * refine(c_1..c_K) per step [B, S] (0 past each response's steps).
 
-        The first call calibrates the Clip threshold eta when ``eta_zero_fraction`` is set; adds the
-        mean step score, the zero-clip fraction and eta to ``metrics``.
+        The first call calibrates eta (``eta_zero_fraction``) and alpha (``alpha_matched_to``); adds the
+        mean step score, the zero-clip fraction, eta and alpha to ``metrics``.
         """
         cfg = self.cfg
         scores = torch.zeros(step_mask.shape)
         for b, c in enumerate(step_scores):
             scores[b, : len(c)] = torch.tensor(c)
-        if self._calibrate_eta:
-            assert cfg.eta_zero_fraction is not None  # _calibrate_eta is only set when it is
-            self.eta = eta_for_zero_fraction(step_scores, cfg.eta_zero_fraction)
-            self._calibrate_eta = False
-        step_rewards = cfg.alpha * refine_batched(scores, step_mask, cfg.refinement, self.eta)
+        if self._calibrate:
+            self._calibrate_on(step_scores, scores, step_mask)
+        step_rewards = self.alpha * refine_batched(scores, step_mask, cfg.refinement, self.eta)
         if step_mask.any():
             metrics["reward/step_score"] = float(scores[step_mask].mean())
             metrics["reward/zero_clip_fraction"] = zero_fraction(step_scores, self.eta)
-        if cfg.refinement in (Refinement.clip, Refinement.clip_delta):
+        if cfg.refinement in (Refinement.clip, Refinement.clip_delta) or cfg.alpha_matched_to is not None:
             metrics["reward/eta"] = self.eta
+        if cfg.alpha_matched_to is not None:
+            metrics["reward/alpha"] = self.alpha
         return step_rewards
+
+    def _calibrate_on(self, step_scores: list[list[float]], scores: torch.Tensor, step_mask: torch.Tensor) -> None:
+        """eta = the score quantile that gives ``eta_zero_fraction`` of the steps 0 under Clip; then, for
+        the control, alpha = alpha * std_b(sum_k target_refine(c)_bk) / std_b(sum_k c_bk) over responses b."""
+        cfg = self.cfg
+        if cfg.eta_zero_fraction is not None:
+            self.eta = eta_for_zero_fraction(step_scores, cfg.eta_zero_fraction)
+        if cfg.alpha_matched_to is not None:
+            target = refine_batched(scores, step_mask, cfg.alpha_matched_to, self.eta).sum(dim=1).std(correction=0)
+            raw = refine_batched(scores, step_mask, cfg.refinement, self.eta).sum(dim=1).std(correction=0)
+            if not float(raw) > 0:
+                raise RewardModelError("alpha_matched_to: the raw PRM reward has no spread on the first rollouts")
+            self.alpha = cfg.alpha * float(target / raw)
+        self._calibrate = False
 
     def _score_steps(self, samples: Sequence[RewardSample], segments: Sequence[SegmentedResponse]) -> list[list[float]]:
         """c_k for every response with at least one step (an empty response has none)."""

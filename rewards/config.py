@@ -101,6 +101,12 @@ class RewardConfig:
     rollouts): eta = the (1 - eta_zero_fraction) quantile of their raw step scores, so that this
     fraction of steps gets zero reward under Clip (rewards.eta). The reward paper suggests most steps
     get 0, e.g. 0.8. The chosen eta is reported in RewardBatch.metrics["reward/eta"]."""
+    alpha_matched_to: Refinement | None = None
+    """A control for the hacking study (raw PRM only): if set, alpha is recalibrated on the first reward
+    call so that the learned reward per response has the standard deviation it would have under this
+    refinement (eta from eta_zero_fraction), on the same rollouts: alpha = alpha * std(target) / std(raw).
+    It separates "a refinement stops hacking" from "a weaker learned signal stops hacking". The chosen
+    alpha is reported in RewardBatch.metrics["reward/alpha"] and kept in checkpoints."""
     step_delimiter: str = "\n\n"
     """Where the policy's response is cut into steps. Must match how the PRM was trained (checked
     against realm_rm.json when the model has one)."""
@@ -115,10 +121,16 @@ class RewardConfig:
             raise ValueError(f"reward.refinement={self.refinement.value} only applies to reward.kind=prm")
         if not self.step_delimiter:
             raise ValueError("reward.step_delimiter must be a non-empty string")
+        clipped = (Refinement.clip, Refinement.clip_delta)
+        if self.alpha_matched_to is not None and (self.kind != RewardKind.prm or self.refinement != Refinement.none):
+            raise ValueError(
+                "reward.alpha_matched_to is a control for the raw PRM: it needs reward.kind=prm and "
+                f"reward.refinement=none (got {self.kind.value}, {self.refinement.value})"
+            )
         if self.eta_zero_fraction is not None:
             if not 0.0 <= self.eta_zero_fraction <= 1.0:
                 raise ValueError(f"reward.eta_zero_fraction={self.eta_zero_fraction}: must lie in [0, 1]")
-            if self.refinement not in (Refinement.clip, Refinement.clip_delta):
+            if self.refinement not in clipped and self.alpha_matched_to not in clipped:
                 raise ValueError(
                     f"reward.eta_zero_fraction is set but reward.refinement={self.refinement.value} has no eta "
                     "(use clip or clip_delta)"

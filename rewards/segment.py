@@ -2,9 +2,14 @@
 
 Steps are cut at a delimiter string: a blank line ``"\\n\\n"`` by default (how the synthetic task and
 Qwen-style CoT write steps), or a step tag such as ``"ки"`` if the policy itself writes Math-Shepherd
-tags. Every step keeps its trailing delimiter, so the steps tile the response text exactly. Short,
-empty and junk steps are kept: they are exactly what reward hacking produces (reward paper, section 3),
-and a PRM reward that skipped them could not see the hack.
+tags. Every step keeps its trailing delimiter, so the steps tile the response text exactly. Short and
+junk steps are kept: they are exactly what reward hacking produces (reward paper, section 3: "Step
+ready.", emojis), and a PRM reward that skipped them could not see the hack.
+
+An empty (whitespace-only) paragraph is not a step: its text joins the step before it. A step is text a
+PRM judges; PRMs are trained on steps with content (PRM800K, Math-Shepherd), so a score read on an empty
+one measures where blank lines fall, not reasoning, and counting it would let a policy farm reward with
+newlines alone, a hack of this segmenter rather than of the PRM.
 
 A step's last token is the token that completes the last character of the step (its delimiter
 included). The last step always ends on the response's final token, so trailing special tokens
@@ -55,23 +60,30 @@ class SegmentedResponse:
 def split_steps(text: str, delimiter: str) -> list[Step]:
     """Cut ``text`` after each occurrence of ``delimiter`` (left to right, non-overlapping).
 
-    Worked example with delimiter "\\n\\n": "a\\n\\n\\n\\nb\\n\\n" -> [("a", "\\n\\n"), ("", "\\n\\n"),
-    ("b", "\\n\\n")]: the empty middle step is kept; a whitespace-only tail does not start a new step
-    but is kept on the last step. An empty text is one empty step.
+    Worked example with delimiter "\\n\\n": "a\\n\\n\\n\\nb\\n\\n" -> [("a", "\\n\\n\\n\\n"),
+    ("b", "\\n\\n")]: the empty paragraph between a and b is not a step, its delimiter joins a's. A
+    whitespace-only tail joins the last step; whitespace before the first step with content starts that
+    step's content. An empty (or whitespace-only) text is one empty step.
     """
     if not delimiter:
         raise ValueError("step delimiter must be a non-empty string")
-    steps: list[Step] = []
+    pieces: list[tuple[str, str]] = []
     start = 0
     while (hit := text.find(delimiter, start)) >= 0:
-        steps.append(Step(text[start:hit], delimiter))
+        pieces.append((text[start:hit], delimiter))
         start = hit + len(delimiter)
-    tail = text[start:]
-    if steps and not tail.strip():
-        steps[-1] = Step(steps[-1].content, steps[-1].delimiter + tail)
-    else:
-        steps.append(Step(tail, ""))
-    return steps
+    pieces.append((text[start:], ""))
+    steps: list[Step] = []
+    leading = ""  # whitespace before the first step with content
+    for content, delim in pieces:
+        if content.strip():
+            steps.append(Step(leading + content, delim))
+            leading = ""
+        elif steps:
+            steps[-1] = Step(steps[-1].content, steps[-1].delimiter + content + delim)
+        else:
+            leading += content + delim
+    return steps or [Step("", leading)]
 
 
 def step_char_ends(steps: Sequence[Step]) -> list[int]:

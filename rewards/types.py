@@ -57,7 +57,7 @@ def merge_reward_batches(parts: Sequence[RewardBatch]) -> RewardBatch:
     """One ``RewardBatch`` for the concatenated responses of ``parts`` (reward replicas that each scored
     a contiguous slice of one batch): tensors and lists concatenated, token rewards zero-padded to the
     longest response, and the batch means re-weighted: by responses, by steps for ``STEP_METRICS``;
-    ``reward/eta`` must agree. Worked example: parts of 1 and 3 responses with ``reward/success`` 1.0
+    ``reward/eta`` and ``reward/alpha`` must agree, ``reward/learned_std`` is recomputed. Worked example: parts of 1 and 3 responses with ``reward/success`` 1.0
     and 0.0 merge to 0.25.
     """
     parts = [p for p in parts if len(p.success)] or list(parts[:1])
@@ -68,17 +68,20 @@ def merge_reward_batches(parts: Sequence[RewardBatch]) -> RewardBatch:
     metrics: dict[str, float] = {}
     for key in dict.fromkeys(k for p in parts for k in p.metrics):
         present = [p for p in parts if key in p.metrics]
-        if key == "reward/eta":
+        if key in ("reward/eta", "reward/alpha"):
             if len({p.metrics[key] for p in present}) > 1:
-                raise ValueError(f"reward replicas disagree on reward/eta: {[p.metrics[key] for p in present]}")
+                raise ValueError(f"reward replicas disagree on {key}: {[p.metrics[key] for p in present]}")
             metrics[key] = present[0].metrics[key]
             continue
         weights = [sum(map(len, p.step_scores)) if key in STEP_METRICS else len(p.success) for p in present]
         metrics[key] = sum(w * p.metrics[key] for w, p in zip(weights, present)) / max(sum(weights), 1)
+    learned = torch.cat([p.learned for p in parts])
+    if "reward/learned_std" in metrics:  # a spread is not a mean: recomputed over all responses
+        metrics["reward/learned_std"] = float(learned.std(correction=0))
     return RewardBatch(
         token_rewards=torch.cat(padded),
         success=torch.cat([p.success for p in parts]),
-        learned=torch.cat([p.learned for p in parts]),
+        learned=learned,
         step_scores=[c for p in parts for c in p.step_scores],
         num_steps=torch.cat([p.num_steps for p in parts]),
         extracted=[e for p in parts for e in p.extracted],

@@ -25,7 +25,8 @@ def _compose(overrides: list[str]) -> TrainConfig:
 
 
 def test_option_lists_are_complete():
-    assert REWARDS == ["orm", "prm", "prm_clip", "prm_clip_delta", "prm_delta", "success"]
+    # The six options of the reward paper, and the hacking study's control (raw PRM at Clip-Delta's spread).
+    assert REWARDS == ["orm", "prm", "prm_alpha_matched", "prm_clip", "prm_clip_delta", "prm_delta", "success"]
     assert {
         "tiny",
         "smollm2-135m",
@@ -57,8 +58,10 @@ def test_every_reward_composes_with_every_model(reward, model):
         "prm_clip": (RewardKind.prm, Refinement.clip),
         "prm_delta": (RewardKind.prm, Refinement.delta),
         "prm_clip_delta": (RewardKind.prm, Refinement.clip_delta),
+        "prm_alpha_matched": (RewardKind.prm, Refinement.none),  # the hacking study's control
     }[reward]
     assert (cfg.reward.kind, cfg.reward.refinement) == expected
+    assert cfg.reward.alpha_matched_to == (Refinement.clip_delta if reward == "prm_alpha_matched" else None)
 
 
 @pytest.mark.parametrize(

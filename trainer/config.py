@@ -164,6 +164,9 @@ class RunConfig:
     """Resume from the last complete checkpoint in the run directory if there is one."""
     num_logged_samples: int = 4
     """Sample generations written per iteration."""
+    rollouts_every: int = 0
+    """Every N iterations, the iteration's whole batch of rollouts (response, success, learned reward,
+    steps) to rollouts/iter_NNNNNN.jsonl (0: never)."""
     dry_run: bool = False
     """Print the execution plan (per call: devices, layout, predicted seconds and memory) and exit
     without starting Ray or loading weights."""
@@ -171,7 +174,7 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.num_iterations < 1:
             raise ValueError(f"run.num_iterations={self.num_iterations}: must be >= 1")
-        for name in ("eval_every", "num_heldout_samples", "checkpoint_every", "num_logged_samples"):
+        for name in ("eval_every", "num_heldout_samples", "checkpoint_every", "num_logged_samples", "rollouts_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"run.{name}={getattr(self, name)}: must be >= 0")
 

@@ -151,7 +151,8 @@ class Run:
     runtime: Any
     kl_ctl: Any
     writer: Any = None
-    reward_eta: float | None = None
+    reward_calibration: dict[str, float] | None = None
+    """Clip's eta and the reward's alpha after the first reward call (kept in checkpoints)."""
     before: float = 0.0
     last_eval: dict[str, float] = field(default_factory=dict)
 
@@ -283,9 +284,9 @@ def resume_or_begin(run: Run) -> int:
     cfg, runtime = run.cfg, run.runtime
     ckpt = latest_checkpoint(run.ckpt_root) if cfg.run.resume else None
     if ckpt is None:
-        run.before = heldout_success(run, cfg.run.seed)["heldout/success"]
-        _log(f"[eval] held-out success before training: {run.before:.3f} ({len(run.heldout)} problems)")
         run.writer = MetricsWriter(run.run_dir)
+        run.before = heldout_success(run, cfg.run.seed, iteration=0)["heldout/success"]
+        _log(f"[eval] held-out success before training: {run.before:.3f} ({len(run.heldout)} problems)")
         run.writer.log(0, {"heldout/success": run.before})
         run.last_eval = {"heldout/success": run.before}
         return 0
@@ -293,10 +294,12 @@ def resume_or_begin(run: Run) -> int:
     runtime.on_role("actor", "load_checkpoint", str(ckpt / "policy"))
     runtime.on_role("critic", "load_checkpoint", str(ckpt / "critic"))
     run.kl_ctl.load_state_dict(state["kl"])
-    run.reward_eta = state.get("reward_eta")
-    if run.reward_eta is not None and cfg.reward.eta_zero_fraction is not None:
-        # A calibrated Clip threshold stays what the first rollouts made it, not the resumed policy's.
-        runtime.on_reward("set_eta", run.reward_eta)
+    run.reward_calibration = state.get("reward_calibration")
+    if run.reward_calibration is None and state.get("reward_eta") is not None:  # a checkpoint from before alpha
+        run.reward_calibration = {"eta": state["reward_eta"], "alpha": cfg.reward.alpha}
+    if run.reward_calibration is not None:
+        # A calibrated eta / alpha stays what the first rollouts made it, not the resumed policy's.
+        runtime.on_reward("set_calibration", run.reward_calibration)
     runtime.sync_engines()
     runtime.drain_events()
     run.before = state["heldout_before"]
@@ -306,8 +309,9 @@ def resume_or_begin(run: Run) -> int:
     return state["iteration"]
 
 
-def heldout_success(run: Run, seed: int) -> dict[str, float]:
-    """Greedy (and, if asked, sampled) success on the held-out set through eval.evaluate."""
+def heldout_success(run: Run, seed: int, iteration: int | None = None) -> dict[str, float]:
+    """Greedy (and, if asked, sampled) success on the held-out set through eval.evaluate; with an
+    ``iteration``, also each problem's correctness to heldout.jsonl (``MetricsWriter.log_heldout``)."""
     from eval.evaluate import evaluate
 
     r = run.cfg.rollout
@@ -327,8 +331,9 @@ def heldout_success(run: Run, seed: int) -> dict[str, float]:
         )
 
     common = dict(tokenizer=run.tokenizer, max_new_tokens=r.max_new_tokens, seed=seed, log=None)
-    greedy = evaluate(generate_text, run.heldout, template, temperature=0.0, **common).summary
-    out = {"heldout/success": greedy["accuracy"]["mean"], "heldout/length": greedy["length"]["mean"]}
+    greedy = evaluate(generate_text, run.heldout, template, temperature=0.0, **common)
+    out = {"heldout/success": greedy.summary["accuracy"]["mean"], "heldout/length": greedy.summary["length"]["mean"]}
+    num_correct = {p.id: 0 for p in run.heldout}
     if run.cfg.run.num_heldout_samples > 0:
         sampled = evaluate(
             generate_text,
@@ -338,9 +343,15 @@ def heldout_success(run: Run, seed: int) -> dict[str, float]:
             temperature=r.temperature,
             top_p=r.top_p,
             **common,
-        ).summary
-        out["heldout/sampled_success"] = sampled["accuracy"]["mean"]
+        )
+        out["heldout/sampled_success"] = sampled.summary["accuracy"]["mean"]
+        for record in sampled.records:
+            num_correct[record["id"]] += record["correct"]
     run.runtime.drain_events()  # evaluation is not part of the iteration's timeline
+    if iteration is not None and run.writer is not None:
+        correct = {record["id"]: record["correct"] for record in greedy.records}
+        ids = [p.id for p in run.heldout]
+        run.writer.log_heldout(iteration, ids, [correct[i] for i in ids], [num_correct[i] for i in ids])
     return out
 
 
@@ -358,31 +369,40 @@ def run_iteration(run: Run, it: int) -> dict[str, float]:
     metrics.update(call_metrics(run, events, t_iter, it))
     if cfg.run.eval_every and (it + 1) % cfg.run.eval_every == 0 and it + 1 < cfg.run.num_iterations:
         t = time.time()
-        run.last_eval = heldout_success(run, cfg.run.seed)
+        run.last_eval = heldout_success(run, cfg.run.seed, iteration=it + 1)
         metrics.update(run.last_eval)
         metrics["time/eval"] = time.time() - t
     metrics["time/iteration"] = time.time() - t_iter
     metrics["throughput/tokens_per_s"] = metrics.pop("_num_generated") / max(1e-9, metrics["time/iteration"])
     if it + 1 == cfg.run.num_iterations:
-        run.last_eval = heldout_success(run, cfg.run.seed)
+        run.last_eval = heldout_success(run, cfg.run.seed, iteration=it + 1)
         metrics.update(run.last_eval)
     run.writer.log(it + 1, metrics)
-    run.writer.log_samples(
-        it + 1,
-        [
-            {
-                "question": x.problem.question,
-                "gold": x.problem.answer,
-                "response": x.completion.text,
-                "success": float(scored["reward"].success[i]),
-                "num_steps": int(scored["reward"].num_steps[i]),
-            }
-            for i, x in enumerate(rollouts[: cfg.run.num_logged_samples])
-        ],
-    )
+    records = rollout_records(rollouts, scored["reward"])
+    run.writer.log_samples(it + 1, records[: cfg.run.num_logged_samples])
+    if cfg.run.rollouts_every and (it + 1) % cfg.run.rollouts_every == 0:
+        run.writer.write_rollouts(it + 1, records)
     checkpoint(run, it)
     plot_curves(run.run_dir)
     return metrics
+
+
+def rollout_records(rollouts: list[Rollout], reward: Any) -> list[dict[str, Any]]:
+    """One JSON-ready record per rollout: the response and what the reward made of it."""
+    return [
+        {
+            "problem_id": x.problem.id,
+            "question": x.problem.question,
+            "gold": x.problem.answer,
+            "response": x.completion.text,
+            "finish_reason": x.completion.finish_reason,
+            "success": float(reward.success[i]),
+            "learned": float(reward.learned[i]),
+            "num_steps": int(reward.num_steps[i]),
+            "step_scores": [round(c, 4) for c in reward.step_scores[i]],
+        }
+        for i, x in enumerate(rollouts)
+    ]
 
 
 def generate(run: Run, it: int) -> list[Rollout]:
@@ -423,7 +443,8 @@ def score(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, torch.Tensor], d
         [x.prompt_ids for x in rollouts], [list(x.completion.token_ids) for x in rollouts], run.tokenizer.pad_token_id
     )
     scored = run.runtime.infer(batch, samples)
-    run.reward_eta = scored["reward"].metrics.get("reward/eta", run.reward_eta)
+    if run.reward_calibration is None:
+        run.reward_calibration = run.runtime.on_reward("calibration")
     return batch, scored
 
 
@@ -542,7 +563,7 @@ def checkpoint(run: Run, it: int) -> None:
         "kl": run.kl_ctl.state_dict(),
         "heldout_before": run.before,
         "seed": cfg.run.seed,
-        "reward_eta": run.reward_eta,
+        "reward_calibration": run.reward_calibration,
     }
 
     def write_parts(d: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import time
@@ -33,8 +34,9 @@ class MetricsWriter:
         self.run_dir = run_dir
         self.path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
+        self.heldout_path = run_dir / "heldout.jsonl"
         keep_through = -1 if resume_from_iteration is None else resume_from_iteration
-        for path in (self.path, self.samples_path):
+        for path in (self.path, self.samples_path, self.heldout_path):
             if path.exists():
                 kept = [
                     line
@@ -66,6 +68,29 @@ class MetricsWriter:
         with self.samples_path.open("a", encoding="utf-8") as f:
             for s in samples:
                 f.write(json.dumps({"iteration": iteration, **s}) + "\n")
+
+    def log_heldout(self, iteration: int, problem_ids: list[str], greedy: list[bool], sampled: list[int]) -> None:
+        """Per-problem held-out correctness of one evaluation, in ``problem_ids`` order: ``greedy`` a
+        string of 0/1, ``sampled`` the number of correct samples per problem (one digit each when the
+        evaluation drew at most 9), so that two runs on the same problems can be compared problem by
+        problem (a paired test such as McNemar's)."""
+        row = {
+            "iteration": iteration,
+            "problem_ids_sha256": hashlib.sha256("\n".join(problem_ids).encode()).hexdigest()[:16],
+            "greedy": "".join("1" if c else "0" for c in greedy),
+            "sampled": "".join(str(n) for n in sampled) if all(n <= 9 for n in sampled) else sampled,
+        }
+        with self.heldout_path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps(row) + "\n")
+
+    def write_rollouts(self, iteration: int, rollouts: list[dict[str, Any]]) -> None:
+        """One iteration's whole batch of rollouts, to rollouts/iter_NNNNNN.jsonl (atomically); each
+        names its problem by id, not by its text (the run's data config regenerates the question)."""
+        text = "".join(
+            json.dumps({"iteration": iteration, **{k: v for k, v in r.items() if k not in ("question", "gold")}}) + "\n"
+            for r in rollouts
+        )
+        atomic_write_text(self.run_dir / "rollouts" / f"iter_{iteration:06d}.jsonl", text)
 
     def close(self) -> None:
         if self.tb is not None:

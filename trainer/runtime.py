@@ -278,12 +278,12 @@ class RewardWorker:
             if self.offloaded is not None:
                 self.offloaded.to("cpu")
 
-    def set_eta(self, eta: float) -> None:
-        self.fn.set_eta(eta)
+    def set_calibration(self, state: dict[str, float]) -> None:
+        self.fn.set_calibration(state)
 
-    def eta(self) -> float | None:
-        """The Clip threshold in use (after the first call: calibrated), or None for rewards without one."""
-        return getattr(self.fn, "eta", None)
+    def calibration(self) -> dict[str, float]:
+        """Clip's eta and the reward's alpha in use (after the first call: calibrated)."""
+        return self.fn.calibration()
 
 
 class DeviceWorker:
@@ -658,12 +658,10 @@ class PlanRuntime:
         return "reward", [-1], self._reward.submit_timed("score", samples), [-1]
 
     def share_reward_state(self) -> None:
-        """After the first reward call: every replica uses the first replica's Clip threshold."""
+        """After the first reward call: every replica uses the first replica's calibration (eta, alpha)."""
         if self._reward_where != "device" or self._reward_calls != 1 or len(self._reward) == 1:
             return
-        eta = self.on_reward("eta")
-        if eta is not None:
-            self.on_reward("set_eta", eta)
+        self.on_reward("set_calibration", self.on_reward("calibration"))
 
     def _data_parallel(self, call: str, role: str, method: str, alloc: CallAllocation, batch: Mapping[str, Any]):
         """Submit ``method`` on each device of ``alloc`` with its replica's row slice of ``batch``

@@ -24,7 +24,7 @@ from typing import Any
 from eval.files import atomic_save_figure, atomic_write_text
 from trainer.metrics import read_metrics
 
-REWARD_ORDER = ["success", "orm", "prm", "prm_clip", "prm_delta", "prm_clip_delta"]
+REWARD_ORDER = ["success", "orm", "prm", "prm_clip", "prm_delta", "prm_clip_delta", "prm_alpha_matched"]
 
 
 def _overrides(run: Path) -> dict[str, str]:

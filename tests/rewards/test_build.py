@@ -185,6 +185,33 @@ def test_eta_is_calibrated_on_the_first_call(tok):
     assert reward.eta == pytest.approx(0.9)
 
 
+def test_alpha_matched_to_clip_delta_gives_raw_prm_its_spread(tok):
+    """The hacking study's control: raw PRM rewards, scaled to Clip-Delta's spread on the same rollouts."""
+    import statistics
+
+    cfg = RewardConfig(
+        kind=RewardKind.prm,
+        alpha_matched_to=Refinement.clip_delta,
+        eta_zero_fraction=0.75,
+        model=RewardModelConfig(path="builtin:synthetic-prm"),
+    )
+    reward = ShapedReward(cfg, tok, FakePRM(), fake_grade)
+    batch = [sample(tok, [STEP_1, STEP_2, ANSWER]), sample(tok, [ANSWER]), sample(tok, [STEP_2, ANSWER])]
+    out = reward(batch)
+    # Scores 0.9 0.8 0.95 | 0.95 | 0.8 0.95: four of six at or above eta = 0.9. Clip-Delta's per-response sum
+    # is min(c_1 - eta, 0) for K >= 2 and 0 for K = 1: [0, 0, -0.1]; the raw sums are [2.65, 0.95, 1.75].
+    alpha = statistics.pstdev([0.0, 0.0, -0.1]) / statistics.pstdev([2.65, 0.95, 1.75])
+    assert reward.eta == pytest.approx(0.9) and reward.alpha == pytest.approx(alpha)
+    assert out.metrics["reward/alpha"] == pytest.approx(alpha)
+    assert out.learned.tolist() == pytest.approx([alpha * 2.65, alpha * 0.95, alpha * 1.75])
+    assert out.metrics["reward/learned_std"] == pytest.approx(statistics.pstdev([0.0, 0.0, -0.1]), rel=1e-5)
+    reward([sample(tok, [STEP_2])])  # later calls keep it; a resumed run or another replica loads it
+    assert reward.calibration() == pytest.approx({"eta": 0.9, "alpha": alpha})
+    fresh = ShapedReward(cfg, tok, FakePRM(), fake_grade)
+    fresh.set_calibration(reward.calibration())
+    assert fresh(batch[:1]).learned.tolist() == pytest.approx([alpha * 2.65])
+
+
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
@@ -209,6 +236,15 @@ def test_eta_is_calibrated_on_the_first_call(tok):
                 model=RewardModelConfig(path="x"),
             ),
             "eta_zero_fraction",
+        ),
+        (
+            dict(
+                kind=RewardKind.prm,
+                refinement=Refinement.clip,
+                alpha_matched_to=Refinement.clip_delta,
+                model=RewardModelConfig(path="x"),
+            ),
+            "alpha_matched_to",
         ),
     ],
 )
@@ -266,7 +302,7 @@ def test_reward_replicas_merged_equal_one_reward_call(tok, refinement):
         sample(tok, [ANSWER]),
         sample(tok, [STEP_1, "12 * 3 = 35", ANSWER]),
         sample(tok, [STEP_1]),
-        sample(tok, ["", STEP_2, ANSWER]),
+        sample(tok, [STEP_2, ANSWER]),
     ]
     whole = prm_reward(tok, refinement)(batch)
     reward = prm_reward(tok, refinement)

@@ -21,7 +21,7 @@ QUESTION = "Start with 7. Add 5, then multiply by 3. What is the result?"
 RESPONSES = [
     "The answer is \\boxed{36}.",  # K = 1
     "7 + 5 = 12\n\nThe answer is \\boxed{12}.",  # K = 2
-    "7 + 5 = 12\n\n12 * 3 = 36\n\n\n\nThe answer is \\boxed{36}.",  # K = 4, an empty step
+    "7 + 5 = 12\n\n12 * 3 = 36\n\nStep ready.\n\nThe answer is \\boxed{36}.",  # K = 4, a junk step
 ]
 
 

@@ -44,13 +44,24 @@ def straddling_tok():
 def test_split_steps_keeps_junk_and_tiles_the_text():
     text = "a\n\n\n\nb\n\nStep ready.\n\n"
     steps = split_steps(text, "\n\n")
-    assert steps == [Step("a", "\n\n"), Step("", "\n\n"), Step("b", "\n\n"), Step("Step ready.", "\n\n")]
+    # The empty paragraph after a is not a step (its delimiter joins a's); the junk step "Step ready." is.
+    assert steps == [Step("a", "\n\n\n\n"), Step("b", "\n\n"), Step("Step ready.", "\n\n")]
     assert "".join(s.text for s in steps) == text
-    assert step_char_ends(steps) == [3, 5, 8, 21]
+    assert step_char_ends(steps) == [5, 8, 21]
     assert split_steps("", "\n\n") == [Step("", "")]
-    assert split_steps("\n\nx", "\n\n") == [Step("", "\n\n"), Step("x", "")]
+    assert split_steps("\n\n", "\n\n") == [Step("", "\n\n")]
+    assert split_steps("\n\nx", "\n\n") == [Step("\n\nx", "")]  # leading blank lines start step 1
     assert split_steps("x\n\n\n", "\n\n") == [Step("x", "\n\n\n")]  # a whitespace tail is not a step
+    assert split_steps("x\n\n \n\ny", "\n\n") == [Step("x", "\n\n \n\n"), Step("y", "")]
     assert split_steps("1 ки\n2 ки", "ки") == [Step("1 ", "ки"), Step("\n2 ", "ки")]
+
+
+def test_empty_paragraphs_add_no_steps_to_a_response(tiny_tok):
+    # The hacked sample of the 40-iteration sweep padded its answer with blank lines: they used to count.
+    text = "4 - 1 = 3\n\n\n\n\n\n3 * 2 = 6\n\n\n\nThe answer is \\boxed{6}."
+    seg = segment_response(tiny_tok(text).input_ids, tiny_tok)
+    assert seg.contents == ["4 - 1 = 3", "3 * 2 = 6", "The answer is \\boxed{6}."]
+    assert seg.text == text
 
 
 def test_synthetic_solution_step_ends(tiny_tok):
