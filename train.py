@@ -24,7 +24,7 @@ register_configs()
 
 @hydra.main(config_path="configs", config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from eval.data import DataError
+    from mathtask.data import DataError
     from models.registry import ModelNotAvailable
     from trainer.compose import ConfigError, to_train_config
     from trainer.loop import TrainingError, train
@@ -35,7 +35,7 @@ def main(cfg: DictConfig) -> None:
         raise SystemExit(f"config error: {e}") from None
     hydra_cfg = HydraConfig.get()
     if typed.run.dry_run:
-        from reallocation.execution_plan import PlanError
+        from planning.execution_plan import PlanError
         from trainer.plan_select import dry_run_report
 
         try:

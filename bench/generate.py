@@ -100,8 +100,8 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from eval.data import load_problems
-    from eval.prompts import TEMPLATES
+    from mathtask.data import load_problems
+    from mathtask.prompts import TEMPLATES
     from models.registry import resolve_model_dir
 
     cfg = load_model_config(args.model)

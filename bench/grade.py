@@ -1,10 +1,10 @@
-"""Grader benchmark: eval.grade vs math-verify on the same labeled set, in the same run.
+"""Grader benchmark: mathtask.grade vs math-verify on the same labeled set, in the same run.
 
 The set is built from real gold answers (GSM8K test `####` answers, MATH-500 `answer` fields):
 for each gold, equivalent rewrites (boxed, "The final answer is", \\dfrac, a/b, decimals,
 thousands separators, x = ..., units, \\left/\\right) labeled correct, and wrong answers (off by
 one, another problem's answer, an unclosed box, no answer marker) labeled incorrect. Labels
-follow the eval.grade policy, so "no marker" rows count against math-verify, which accepts a
+follow the mathtask.grade policy, so "no marker" rows count against math-verify, which accepts a
 bare number anywhere; the report separates those rows.
 
     python bench/grade.py [--num-gsm8k 250] [--num-math 500] [--show 15]
@@ -26,12 +26,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from eval.grade import grade, grade_many, warm_up  # noqa: E402
-from eval.grading.compare import FAST_OPS, NeedSympy, judge  # noqa: E402
-from eval.grading.exact import exact_value  # noqa: E402
-from eval.grading.extract import extract_gold, extract_with_reason  # noqa: E402
-from eval.grading.normalize import Scalar, _parse_cached, parse_answer  # noqa: E402
-from eval.grading.pool import shutdown  # noqa: E402
+from mathtask.grade import grade, grade_many, warm_up  # noqa: E402
+from mathtask.grading.compare import FAST_OPS, NeedSympy, judge  # noqa: E402
+from mathtask.grading.exact import exact_value  # noqa: E402
+from mathtask.grading.extract import extract_gold, extract_with_reason  # noqa: E402
+from mathtask.grading.normalize import Scalar, _parse_cached, parse_answer  # noqa: E402
+from mathtask.grading.pool import shutdown  # noqa: E402
 
 
 def _data_file(*parts: str) -> Path:
@@ -252,11 +252,11 @@ def main(argv=None) -> int:
     print("\ntiming (same cases, same process, warmed up)")
     print(f"  math-verify parse+verify, sequential : {mv_time:7.2f} s  {1000 * mv_time / num_cases:6.3f} ms/pair")
     print(
-        f"  eval.grade grade_many (worker pool)  : {ours_time:7.2f} s  {1000 * ours_time / num_cases:6.3f} ms/pair"
+        f"  mathtask.grade grade_many (worker pool)  : {ours_time:7.2f} s  {1000 * ours_time / num_cases:6.3f} ms/pair"
         f"  ratio {ours_time / mv_time:.2f}x of math-verify"
     )
     print(
-        f"  eval.grade grade(), one at a time    : {ours_seq_time:7.2f} s  {1000 * ours_seq_time / num_cases:6.3f} ms/pair"
+        f"  mathtask.grade grade(), one at a time    : {ours_seq_time:7.2f} s  {1000 * ours_seq_time / num_cases:6.3f} ms/pair"
         f"  ratio {ours_seq_time / mv_time:.2f}x of math-verify"
     )
     print(f"  decided in-process without sympy     : {num_fast}/{num_cases} ({100 * num_fast / num_cases:.0f}%)")
@@ -277,7 +277,7 @@ def main(argv=None) -> int:
         )
         _, hard_mv_time = _timed(lambda: [mv(cases[k]) for k in hard])
         print(
-            f"  sympy-only subset ({len(hard)} pairs): eval.grade {1000 * hard_time / len(hard):.2f} ms/pair,"
+            f"  sympy-only subset ({len(hard)} pairs): mathtask.grade {1000 * hard_time / len(hard):.2f} ms/pair,"
             f" math-verify {1000 * hard_mv_time / len(hard):.2f} ms/pair, ratio {hard_time / hard_mv_time:.2f}x"
         )
 
@@ -291,7 +291,7 @@ def main(argv=None) -> int:
     print("\nagreement with the constructed labels")
     all_rows = range(num_cases)
     policy_rows = [k for k in all_rows if cases[k]["kind"] != "no_marker"]
-    print(f"  {'subset':34} {'n':>5}  {'eval.grade':>10}  {'math-verify':>11}")
+    print(f"  {'subset':34} {'n':>5}  {'mathtask.grade':>10}  {'math-verify':>11}")
     subsets = [("all", list(all_rows)), ("all but no_marker rows", policy_rows)]
     for dataset in ("gsm8k", "math"):
         subsets.append((dataset, [k for k in all_rows if datasets[k] == dataset]))
@@ -304,13 +304,13 @@ def main(argv=None) -> int:
     both = sum(a == b for a, b in zip(ours_correct, mv_results))
     print(f"\neval.grade and math-verify agree on {both}/{num_cases} ({100 * both / num_cases:.1f}%)")
     reasons = collections.Counter(r.reason for r in ours)
-    print("eval.grade reasons:", dict(reasons))
+    print("mathtask.grade reasons:", dict(reasons))
 
     wrong_ours = [k for k in all_rows if ours_correct[k] != labels[k]]
     wrong_mv = [k for k in policy_rows if mv_results[k] != labels[k]]
     print("math-verify disagreements by kind:", dict(collections.Counter(cases[k]["kind"] for k in wrong_mv)))
     for title, rows in (
-        ("eval.grade vs label", wrong_ours),
+        ("mathtask.grade vs label", wrong_ours),
         ("math-verify vs label (no_marker rows excluded)", wrong_mv),
     ):
         print(f"\n{title}: {len(rows)} disagreements" + (f", first {args.show}:" if rows else ""))

@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from reallocation.estimator import Workload, hardware  # noqa: E402
-from reallocation.search import search  # noqa: E402
-from reallocation.shapes import named_spec  # noqa: E402
+from planning.estimator import Workload, hardware  # noqa: E402
+from planning.search import search  # noqa: E402
+from planning.shapes import named_spec  # noqa: E402
 
 # (actor, critic, GPUs, generation length)
 SETTINGS = [

@@ -421,7 +421,7 @@ def print_table(result: dict) -> None:
 def plot(result: dict, path: Path) -> None:
     import matplotlib
 
-    from eval.files import atomic_save_figure
+    from common.files import atomic_save_figure
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -468,7 +468,7 @@ def plot(result: dict, path: Path) -> None:
 
 
 def write_json(result: dict, path: Path) -> None:
-    from eval.files import atomic_write_json
+    from common.files import atomic_write_json
 
     atomic_write_json(path, result)
     _log(f"wrote {path}")

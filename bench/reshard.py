@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from eval.files import atomic_save_figure, atomic_write_json  # noqa: E402
+from common.files import atomic_save_figure, atomic_write_json  # noqa: E402
 from reallocation.layout import Layout, ModelSpec, full_box, local_slices  # noqa: E402
 from reallocation.names import vllm_layout  # noqa: E402
 from reallocation.plan import gather_broadcast_bytes, lower_bound_bytes, make_plan  # noqa: E402

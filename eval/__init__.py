@@ -1,4 +1,3 @@
-"""Evaluation: answer grading, datasets, generation-agnostic evaluate(), reports.
-
-Import rule: nothing here imports `trainer` or `reallocation`; generation comes in as a function.
+"""The evaluation harness: ``evaluate()`` over any generate function, metrics (pass@k, maj@k), reports,
+run comparison, best-of-N and the ``python -m eval`` CLI. May import ``mathtask`` and ``common``.
 """

@@ -43,9 +43,9 @@ from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
-from eval.config import ConfigError, to_plain, to_typed_config  # noqa: E402
+from common.config import ConfigError, to_plain, to_typed_config  # noqa: E402
+from common.dtypes import DTYPES  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
-from reallocation.dtypes import DTYPES  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODEL_CONFIG_DIR = REPO_ROOT / "configs" / "model"
@@ -60,19 +60,19 @@ class EvalDataConfig:
     """One evaluation set: ``configs/eval/data/*.yaml``."""
 
     name: str = "math500"
-    """A built-in dataset name (see eval.data), a .jsonl/.json/.parquet path, or hf:<id>[:<split>]."""
+    """A built-in dataset name (see mathtask.data), a .jsonl/.json/.parquet path, or hf:<id>[:<split>]."""
     limit: int = 0
     """Evaluate a fixed-seed random subset of this many problems (0 = all)."""
     seed: int = 0
     prompt: str = "qwen_math_cot"
-    """The dataset's default prompt template (eval.prompts); the top-level `prompt` overrides it."""
+    """The dataset's default prompt template (mathtask.prompts); the top-level `prompt` overrides it."""
 
 
 class Grader(Enum):
     realm = "realm"
-    """eval.grade: the grader training's success reward uses."""
+    """mathtask.grade: the grader training's success reward uses."""
     math_verify = "math_verify"
-    """Hugging Face's math-verify (eval.grading.math_verify), as many papers and trainers report."""
+    """Hugging Face's math-verify (mathtask.grading.math_verify), as many papers and trainers report."""
 
 
 @dataclass
@@ -84,7 +84,7 @@ class EvalConfig:
     limit: int = 0
     """Alias of data.limit (the name evaluation harnesses use); non-zero overrides it."""
     prompt: str = ""
-    """A template name from eval.prompts.TEMPLATES, a .yaml/.json file of template fields, or `trained`
+    """A template name from mathtask.prompts.TEMPLATES, a .yaml/.json file of template fields, or `trained`
     (the prompt an exported realm policy was trained on: its prompt.yaml) ("" = data.prompt)."""
     grader: Grader = Grader.realm
     """Who decides `correct`. With math_verify, realm's grader grades every sample too, and the report
@@ -194,7 +194,7 @@ def auto_kv_cache_gib(model_dir: Path, dtype: str, num_sequences: int, num_token
 def _prepare_run_dir(cfg: EvalConfig, model_dir: Path) -> Path:
     """The run directory (``out_dir`` or one named after the settings), checked for resume: an earlier
     attempt's samples are kept only when it had the same settings."""
-    from eval.files import atomic_write_json
+    from common.files import atomic_write_json
     from eval.report import CONFIG_FILE, SAMPLES_FILE, SUMMARY_FILE
 
     key = run_key(cfg, model_dir)
@@ -218,8 +218,8 @@ def _prepare_run_dir(cfg: EvalConfig, model_dir: Path) -> Path:
 
 def _problems_and_template(cfg: EvalConfig, model_dir: Path):
     """The problems to evaluate and the prompt template (few-shot exemplars never evaluated)."""
-    from eval.data import DataError, load_problems
-    from eval.prompts import fewshot_source_for, load_template, with_fewshot
+    from mathtask.data import DataError, load_problems
+    from mathtask.prompts import fewshot_source_for, load_template, with_fewshot
     from trainer.export import PROMPT_FILE
 
     spec = cfg.prompt or cfg.data.prompt
@@ -424,8 +424,8 @@ class _LazyEngine:
 
 def _graders(cfg: EvalConfig) -> dict[str, Any]:
     """evaluate()'s grader arguments: the chosen grader decides `correct`, the other one is compared."""
-    from eval.grade import grade_many
-    from eval.grading.math_verify import grade_many_math_verify
+    from mathtask.grade import grade_many
+    from mathtask.grading.math_verify import grade_many_math_verify
 
     if cfg.grader == Grader.math_verify:
         return dict(

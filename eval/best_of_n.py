@@ -27,8 +27,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from common.files import atomic_save_figure, atomic_write_json, atomic_write_text
 from eval.evaluate import read_samples
-from eval.files import atomic_save_figure, atomic_write_json, atomic_write_text
 from eval.metrics import default_ks, maj_at_k, pass_at_k
 from eval.report import SAMPLES_FILE
 

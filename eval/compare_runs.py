@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eval.files import atomic_save_figure, atomic_write_text
+from common.files import atomic_save_figure, atomic_write_text
 from eval.metrics import format_ci
 from eval.report import SUMMARY_FILE, load_summary
 

@@ -4,7 +4,7 @@ Evaluation takes a *generate function* and knows nothing about how generation ha
 this process, a Ray group of engines inside the trainer, a fake in tests)::
 
     from eval.evaluate import evaluate
-    from eval.prompts import TEMPLATES
+    from mathtask.prompts import TEMPLATES
 
     result = evaluate(engine.generate_fn(), problems, TEMPLATES["qwen_math_cot"], tokenizer=tok)
     result.summary["accuracy"]["mean"], result.records[0]["response"]
@@ -24,11 +24,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from eval.data import Problem
-from eval.files import atomic_write_text
+from common.files import atomic_write_text
+from common.progress import Progress
 from eval.metrics import summarize
-from eval.progress import Progress
-from eval.prompts import PromptTemplate
+from mathtask.data import Problem
+from mathtask.prompts import PromptTemplate
 
 
 class CompletionLike(Protocol):
@@ -60,7 +60,7 @@ class GenerateFn(Protocol):
 
 
 class GradeManyFn(Protocol):
-    """``eval.grade.grade_many``'s signature (results have .correct, .extracted, .reason)."""
+    """``mathtask.grade.grade_many``'s signature (results have .correct, .extracted, .reason)."""
 
     def __call__(self, responses: Sequence[str], golds: Sequence[str], datasets: Sequence[str]) -> list[Any]: ...
 
@@ -78,7 +78,7 @@ class EvalResult:
 
 
 def _default_grade_many(responses, golds, datasets):
-    from eval.grade import grade_many
+    from mathtask.grade import grade_many
 
     return grade_many(responses, golds, datasets)
 

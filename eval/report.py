@@ -1,6 +1,6 @@
 """Run directory files: ``summary.json`` and ``report.md`` (``samples.jsonl`` is written by evaluate).
 
-Every file is written atomically (``eval.files``), so a killed run never leaves a half-written
+Every file is written atomically (``common.files``), so a killed run never leaves a half-written
 summary or report behind.
 """
 
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from eval.files import atomic_write_json, atomic_write_text
+from common.files import atomic_write_json, atomic_write_text
 from eval.metrics import format_ci
 
 SAMPLES_FILE = "samples.jsonl"
@@ -256,7 +256,7 @@ def reward_paper_table(sweep_dir: Path, size: str, seed: int, benchmarks: list[s
         f"Greedy accuracy (%), one run per option (seed {seed}), {model}; problems per benchmark: "
         + ", ".join(f"{BENCHMARK_NAMES.get(b, b)} {n}" for b, n in num_problems.items())
         + ".",
-        "realm: the project's grader (eval/grade.py); math-verify: the same responses graded by math-verify.",
+        "realm: the project's grader (mathtask/grade.py); math-verify: the same responses graded by math-verify.",
         "Paper: Gao et al. 2024 (arXiv 2410.15115), which reports only the base model and SR + PR-Clip-Delta for "
         "Qwen2.5-Math; its MATH split is not stated (ours: MATH-500). Its six-option ablation on "
         "Qwen2-1.5B-Instruct (MATH greedy): "

@@ -1,1 +1,4 @@
-"""Model configs and their resolution to local HF directories (no hub downloads on CPU machines)."""
+"""Models: configs resolved to local HF directories (tiny builder, GGUF conversion, hub/local), the vLLM
+engine (``vllm_engine.py``, the only module that imports vllm) and how FSDP2/TP are applied to a model
+from outside (``parallelize.py``). May import ``reallocation``, ``mathtask`` and ``common``.
+"""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from reallocation.dtypes import check_dtype
+from common.dtypes import check_dtype
 
 
 class ModelSource(Enum):

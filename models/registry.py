@@ -5,7 +5,7 @@
 - hf: a local directory as is, or a hub id (needs a reachable hub; these machines have none).
 
 The cache lives in ``$REALM_CACHE_DIR`` (default ``~/.cache/realm``); entries are keyed by a hash
-of the config and built with ``eval.files.atomic_build_dir``, so a killed build leaves nothing
+of the config and built with ``common.files.atomic_build_dir``, so a killed build leaves nothing
 half-written.
 """
 
@@ -18,8 +18,8 @@ import json
 import os
 from pathlib import Path
 
-from eval.config import to_plain
-from eval.files import atomic_build_dir
+from common.config import to_plain
+from common.files import atomic_build_dir
 from models.config import ModelConfig, ModelSource
 
 

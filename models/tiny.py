@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -19,7 +20,7 @@ def build_tokenizer(vocab_size: int, out_dir: Path):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from eval.synthetic import corpus
+    from mathtask.synthetic import corpus
 
     tok = Tokenizer(models.BPE())
     # Digits stay single tokens so that a small model can learn column arithmetic.
@@ -43,6 +44,22 @@ def build_tokenizer(vocab_size: int, out_dir: Path):
     return hf
 
 
+def hf_config_fields(cfg: TinyArchConfig, vocab_size: int) -> dict[str, Any]:
+    """The HF config.json fields of a tiny model (its shape): what ``build_tiny`` writes, and what a
+    plan reads before the model is built (``vocab_size`` then being the tokenizer's target size)."""
+    return dict(
+        model_type=cfg.arch.value,
+        vocab_size=vocab_size,
+        hidden_size=cfg.hidden_size,
+        intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_layers,
+        num_attention_heads=cfg.num_heads,
+        num_key_value_heads=cfg.num_kv_heads,
+        max_position_embeddings=cfg.max_position_embeddings,
+        tie_word_embeddings=True,
+    )
+
+
 def build_tiny(cfg: TinyArchConfig, out_dir: Path) -> None:
     """Write a tiny causal LM + tokenizer to ``out_dir``."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
@@ -51,18 +68,12 @@ def build_tiny(cfg: TinyArchConfig, out_dir: Path) -> None:
     config_cls, model_cls = (
         (Qwen2Config, Qwen2ForCausalLM) if cfg.arch == Arch.qwen2 else (LlamaConfig, LlamaForCausalLM)
     )
+    fields = {k: v for k, v in hf_config_fields(cfg, len(tok)).items() if k != "model_type"}
     config = config_cls(
-        vocab_size=len(tok),
-        hidden_size=cfg.hidden_size,
-        intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_layers,
-        num_attention_heads=cfg.num_heads,
-        num_key_value_heads=cfg.num_kv_heads,
-        max_position_embeddings=cfg.max_position_embeddings,
+        **fields,
         bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
-        tie_word_embeddings=True,
     )
     torch.manual_seed(cfg.seed)
     model = model_cls(config)

@@ -17,7 +17,7 @@ twice. Logprobs are the model's raw log-probabilities of each sampled token (vLL
 
 ``vllm`` is imported lazily in ``VLLMEngine.__init__``: importing this module costs nothing and
 works on machines without vLLM (e.g. to use ``Completion``). The environment defaults
-(``reallocation/env.py``) are set at import time because vLLM reads most of them when it is first imported.
+(``common/env.py``) are set at import time because vLLM reads most of them when it is first imported.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from reallocation.env import apply_defaults
+from common.env import apply_defaults
 
 apply_defaults()  # vLLM reads most of its settings when it is first imported
 

@@ -38,6 +38,8 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 # A box is one (start, stop) interval per dim of the full tensor.
@@ -118,6 +120,10 @@ class ParamSpec:
     layers: tuple[int, ...]
 
 
+REQUIRED_CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
+"""The fields of an HF config.json a ModelSpec cannot do without (the others have Llama/Qwen2 defaults)."""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """The shape-relevant part of an HF Llama/Qwen2 config."""
@@ -155,6 +161,22 @@ class ModelSpec:
             o_bias=model_type != "qwen2" and attention_bias,
             mlp_bias=bool(getattr(config, "mlp_bias", False)),
         )
+
+    @classmethod
+    def from_config_json(cls, path: Path) -> ModelSpec:
+        """Build from an HF ``config.json``; a ValueError names the file and what is wrong with it.
+
+        The one reader of a model's shape from disk (the plan's model specs, the search CLI's HF dirs)."""
+        import json
+
+        try:
+            config = json.loads(Path(path).read_text())
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{path}: cannot read the model's shape ({e})") from None
+        missing = [k for k in REQUIRED_CONFIG_FIELDS if k not in config]
+        if missing:
+            raise ValueError(f"{path}: no {missing[0]} (not a Llama/Qwen2 config.json)")
+        return cls.from_hf_config(SimpleNamespace(**config))
 
     def params(self) -> list[ParamSpec]:
         """Parameters in HF ``named_parameters()`` order (tied LM head omitted, as HF does)."""

@@ -7,7 +7,7 @@ For response b with T_b tokens and steps 1..K_b ending on tokens e_1 <= ... <= e
     token_rewards[b, e_k]      += alpha * r_k,  r = refine(c_1..c_K)  (kind prm)
 
 The trainer adds -beta * (log pi - log pi_ref) on every token and runs GAE (gamma = 1 in the paper).
-Success is always graded by eval.grade, so the training reward and the evaluation metric agree.
+Success is always graded by mathtask.grade, so the training reward and the evaluation metric agree.
 Steps are always counted, whatever the kind, because step inflation is how PRM hacking shows.
 """
 
@@ -38,7 +38,7 @@ __all__ = [
 
 
 class GradeFn(Protocol):
-    """eval.grade.grade_many's shape: one result with .correct and .extracted per response."""
+    """mathtask.grade.grade_many's shape: one result with .correct and .extracted per response."""
 
     def __call__(self, responses: list[str], golds: list[str], datasets: list[str]) -> list[Any]: ...
 
@@ -83,7 +83,7 @@ def place_token_rewards(
 
 
 def _default_grade(responses: list[str], golds: list[str], datasets: list[str]) -> list[Any]:
-    from eval.grade import grade_many
+    from mathtask.grade import grade_many
 
     return grade_many(responses, golds, datasets=datasets)
 
@@ -276,7 +276,7 @@ def resolve_reward_model(path: str) -> Path:
     training driver runs before start, or ``python -m rewards.train_rm kind=prm``).
     """
     if path in BUILTIN_REWARD_MODELS:
-        from eval.files import is_complete
+        from common.files import is_complete
         from rewards.rm_config import builtin_config, default_output_dir
 
         cfg = builtin_config(path)

@@ -3,7 +3,7 @@
 The reward of one response (Gao et al. 2024, section 1; README "Rewards"), before the trainer adds
 the per-token KL term:
 
-- success:  Correct(q, s) in {0, 1} on the final token (the shared grader, eval.grade);
+- success:  Correct(q, s) in {0, 1} on the final token (the shared grader, mathtask.grade);
 - orm:      success + alpha * ORM(q, s) on the final token;
 - prm:      success + alpha * r_k on the last token of every step k, r = refinement(c_1..c_K).
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from reallocation.dtypes import check_dtype
+from common.dtypes import check_dtype
 
 
 class RewardKind(Enum):

@@ -32,8 +32,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from common.dtypes import torch_dtype
 from models.registry import max_context
-from reallocation.dtypes import torch_dtype
 from rewards.config import Readout, RewardKind, RewardModelConfig
 from rewards.segment import Step
 

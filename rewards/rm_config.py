@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 
-from eval.config import to_plain
+from common.config import to_plain
 from models.config import ModelConfig
 from rewards.config import Readout
 from rewards.reward_model import DEFAULT_QUESTION_TEMPLATE, DEFAULT_STEP_TAG, RMFormat
@@ -21,7 +21,7 @@ class RMKind(Enum):
 
 @dataclass
 class SyntheticRMData:
-    """RM training data from the synthetic task (eval.synthetic)."""
+    """RM training data from the synthetic task (mathtask.synthetic)."""
 
     num_train_problems: int = 2000
     num_heldout_problems: int = 200
@@ -32,7 +32,7 @@ class SyntheticRMData:
     num_junk: int = 1
     """Degenerate responses (cut off, no box, a step repeated) per problem, labelled naturally."""
     seed: int = 1
-    """Problem stream; the default PPO held-out questions (eval.config.DataConfig) are excluded."""
+    """Problem stream; the default PPO held-out questions (mathtask.config.DataConfig) are excluded."""
 
 
 DEFAULT_NUM_STEPS = {RMKind.prm: 1600, RMKind.orm: 2800}

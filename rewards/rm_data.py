@@ -15,7 +15,7 @@ One record is one solution: a question, its steps, per-step labels (1 = good) an
 
 The synthetic generator (``synthetic_examples``) labels like Math-Shepherd: a step is good iff the
 correct answer is still reachable from the prefix ending there. Besides the correct and corrupted
-solutions of ``eval.synthetic`` it adds degenerate responses a policy produces (cut off, no box,
+solutions of ``mathtask.synthetic`` it adds degenerate responses a policy produces (cut off, no box,
 a step repeated) with the labels they naturally have; final labels of those come from the shared
 grader. Nothing rewards or punishes padding on purpose.
 """
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eval.data import Problem, iter_jsonl
+from mathtask.data import Problem, iter_jsonl
 
 MATH_SHEPHERD_TAG = "ки"
 
@@ -215,7 +215,7 @@ def synthetic_examples(
     grader's verdict, and a final-answer step is labelled like the final answer (Math-Shepherd: the
     completion from there is the response itself).
     """
-    from eval.synthetic import labeled_solutions
+    from mathtask.synthetic import labeled_solutions
 
     rng = random.Random(f"realm-rm-junk/{seed}")
     examples: list[RMExample] = []
@@ -233,7 +233,7 @@ def synthetic_examples(
             kind, steps, labels, has_answer = _junk(rng, list(base.steps), list(base.step_labels), problem.answer)
             pending.append((problem, kind, steps, labels, has_answer))
     if pending:
-        from eval.synthetic import STEP_DELIMITER
+        from mathtask.synthetic import STEP_DELIMITER
 
         verdicts = grade([STEP_DELIMITER.join(p[2]) for p in pending], [p[0].answer for p in pending])
         for (problem, kind, steps, labels, has_answer), correct in zip(pending, verdicts):

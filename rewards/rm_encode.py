@@ -35,14 +35,14 @@ def load_data(cfg: RMTrainConfig) -> tuple[list[RMExample], list[RMExample]]:
 
 
 def _grade(responses: list[str], golds: list[str]) -> list[bool]:
-    from eval.grade import grade_many
+    from mathtask.grade import grade_many
 
     return [r.correct for r in grade_many(responses, golds, datasets="math")]
 
 
 def _synthetic_data(cfg: RMTrainConfig) -> tuple[list[RMExample], list[RMExample]]:
-    from eval.config import DataConfig
-    from eval.synthetic import generate_problems, split_problems
+    from mathtask.config import DataConfig
+    from mathtask.synthetic import generate_problems, split_problems
 
     s = cfg.synthetic
     ppo = DataConfig()

@@ -36,10 +36,10 @@ from typing import Any
 
 import torch
 
-from eval.config import to_plain
-from eval.files import atomic_build_dir, is_complete
-from eval.progress import Progress
-from models.schedule import LRSchedule, build_lr_scheduler
+from common.config import to_plain
+from common.files import atomic_build_dir, is_complete
+from common.progress import Progress
+from common.schedule import LRSchedule, build_lr_scheduler
 from rewards.config import Readout
 from rewards.reward_model import RM_INFO_FILE, auto_model_class, make_reader
 from rewards.rm_config import RMTrainConfig, builtin_config, default_output_dir
@@ -191,7 +191,7 @@ def _register() -> None:
 def main() -> None:
     import hydra
 
-    from eval.config import ConfigError, to_typed_config
+    from common.config import ConfigError, to_typed_config
 
     _register()
 

@@ -4,8 +4,8 @@
 # pytest's exit code 5 (no tests collected) is a failure here, not a pass.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# The environment defaults live in one place, reallocation/env.py (tests/conftest.py applies them too).
-eval "$(.venv/bin/python -m reallocation.env)"
+# The environment defaults live in one place, common/env.py (tests/conftest.py applies them too).
+eval "$(.venv/bin/python -m common.env)"
 export REALM_CACHE_DIR="${REALM_CACHE_DIR:-$PWD/.cache/realm-test}"
 cmd=(.venv/bin/python -m pytest -p no:cacheprovider "$@")
 if [ "${REALM_NO_NETNS:-0}" != "1" ] && command -v unshare >/dev/null && unshare -n true 2>/dev/null; then

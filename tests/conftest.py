@@ -7,9 +7,9 @@ import socket
 
 import pytest
 
-from reallocation.env import apply_defaults  # noqa: E402
+from common.env import apply_defaults  # noqa: E402
 
-apply_defaults(tests=True)  # offline, loopback only (reallocation/env.py)
+apply_defaults(tests=True)  # offline, loopback only (common/env.py)
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from reallocation.estimator import estimate_plan, hardware
+from planning.estimator import estimate_plan, hardware
 from trainer.compose import to_train_config
 from trainer.config import TrainConfig, register_configs
 from trainer.plan_select import dry_run_report, model_specs, resolve_plan, workload

@@ -25,8 +25,11 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
+from tests.test_layers import layer_order
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("trainer", "rewards", "models", "reallocation", "eval")
+# Every package of the README's layer line (tests/test_layers.py reads the same line).
+PACKAGES = tuple(layer_order((Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")))
 SINGLE_FILES = ("train.py",)
 MAX_LINES = 60
 MARKER = re.compile(r"^\s*(#\s*)?Kept whole:\s*\S")

@@ -186,3 +186,39 @@ def test_layer_line_must_be_in_the_readme():
     assert layer_order("Layers, top to bottom: `trainer` > `eval`\n") == ["trainer", "eval"]
     with pytest.raises(ValueError, match="Layers, top to bottom"):
         layer_order("no such line")
+
+
+def _third_party_importers(root: Path, top: str) -> set[str]:
+    """Project modules with any import (function-level too) of the third-party package ``top``."""
+    files, _ = import_graph(root)
+    return {
+        name
+        for name, rel in files.items()
+        if not is_entry_point(rel)
+        and any(t == top or t.startswith(top + ".") for _, t in imported_modules(rel, (root / rel).read_text()))
+    }
+
+
+def test_vllm_and_ray_each_have_one_home():
+    assert _third_party_importers(ROOT, "vllm") == {"models.vllm_engine"}
+    assert _third_party_importers(ROOT, "ray") == {"runtime.placement"}
+
+
+def test_the_runtime_is_split_by_where_code_runs():
+    """Topology is pure (no process group, no Ray, no device code); the device process never reaches
+    back into the driver or the placement that hosts it."""
+    files, graph = import_graph(ROOT)
+    pure = {"runtime.topology", "runtime.meshes"}
+    for name in pure:
+        assert not [t for t in graph[name] if t.startswith("runtime.") and t not in pure], name
+        assert not _imports_any(files[name], ("torch.distributed", "ray")), name
+    for name in (n for n in files if n.startswith("runtime.device")):
+        assert not [t for t in graph[name] if t in ("runtime.driver", "runtime.placement")], name
+
+
+def _imports_any(rel: Path, tops: tuple[str, ...]) -> list[str]:
+    return [
+        t
+        for _, t in imported_modules(rel, (ROOT / rel).read_text())
+        if any(t == p or t.startswith(p + ".") for p in tops)
+    ]

@@ -51,7 +51,7 @@ def _exists(ref: str) -> bool:
 
 
 def test_readme_paths_worked_example():
-    text = "see `rewards/refine.py` and [curves](docs/x.png), run `bash scripts/a.sh` or `python -m eval.grade`"
+    text = "see `rewards/refine.py` and [curves](docs/x.png), run `bash scripts/a.sh` or `python -m mathtask.grade`"
     assert readme_paths(text, {"rewards", "docs", "scripts"}) == ["rewards/refine.py", "docs/x.png", "scripts/a.sh"]
     assert _exists("rewards/refine.py") and _exists("rewards/refine.delta_batched")
     assert _exists("tests/rewards/test_refine.py::test_clip_worked_example")

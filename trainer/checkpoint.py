@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from eval.files import atomic_build_dir, atomic_write_text, is_complete
+from common.files import atomic_build_dir, atomic_write_text, is_complete
 
 
 def checkpoint_name(iteration: int) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from eval.config import ConfigError, to_typed_config
+from common.config import ConfigError, to_typed_config
 from trainer.config import TrainConfig
 
 __all__ = ["ConfigError", "to_train_config"]

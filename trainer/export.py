@@ -162,7 +162,7 @@ def _write_prompt(path: Path, system_prompt: str, prompt_suffix: str) -> None:
     from trainer.rollout import rollout_template
 
     t = rollout_template(system_prompt, prompt_suffix)
-    # The fields eval.prompts.load_template reads: the template the held-out evaluation renders.
+    # The fields mathtask.prompts.load_template reads: the template the held-out evaluation renders.
     OmegaConf.save(OmegaConf.create({"name": "trained", "system": t.system, "user": t.user, "chat": True}), path)
 
 

@@ -1,4 +1,4 @@
-"""train(): the PPO loop on an execution plan deployed by ``trainer/runtime.py``.
+"""train(): the PPO loop on an execution plan deployed by ``runtime/driver.py``.
 
 One iteration (``run_iteration``), each step a function below::
 
@@ -22,11 +22,11 @@ from typing import Any
 
 import torch
 
-from eval.data import Problem, load_problems
-from eval.files import atomic_build_dir, atomic_write_text, is_complete
+from common.files import atomic_build_dir, atomic_write_text, is_complete
+from mathtask.data import Problem, load_problems
 from models.registry import cache_root, max_context, resolve_model_dir
+from ppo.advantages import explained_variance, masked_mean
 from rewards.config import RewardKind
-from trainer.advantages import explained_variance, masked_mean
 from trainer.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from trainer.config import TrainConfig
 from trainer.metrics import MetricsWriter, Progress, plot_curves
@@ -123,9 +123,9 @@ def resolve_reward_model_dir(cfg: TrainConfig) -> Path | None:
 def execution_plan(cfg: TrainConfig, policy_dir: Path, reward_dir: Path | None, run_dir: Path) -> Any:
     """The run's plan (``trainer.plan_select.resolve_plan``: heuristic, search, disjoint or a file),
     checked against the cluster and the models and written to ``run_dir/plan.yaml``."""
-    from reallocation.execution_plan import PlanError
+    from planning.execution_plan import PlanError
+    from runtime.topology import UnsupportedPlan, check_supported
     from trainer.plan_select import model_specs, resolve_plan
-    from trainer.runtime import UnsupportedPlan, check_supported
 
     critic_dir = policy_dir if cfg.critic.from_policy else None
     try:
@@ -164,8 +164,8 @@ class Run:
 def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
     from transformers import AutoTokenizer
 
-    from reallocation.ray_workers import RayCluster
-    from trainer.kl import make_kl_controller
+    from ppo.kl import make_kl_controller
+    from runtime.placement import RayCluster
 
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.run.seed)
@@ -246,9 +246,10 @@ def run_iterations(run: Run, start: int) -> None:
 
 
 def deploy(cfg: TrainConfig, cluster: Any, plan: Any, policy_dir: Path) -> Any:
-    """Place the plan's device workers, engines and reward function (``trainer.runtime``)."""
-    from reallocation.ray_workers import PlacementError
-    from trainer.runtime import PlanRuntime, UnsupportedPlan
+    """Place the plan's device workers, engines and reward function (``runtime.driver``)."""
+    from runtime.driver import PlanRuntime
+    from runtime.placement import PlacementError
+    from runtime.topology import UnsupportedPlan
 
     r = cfg.rollout
     critic_dir = policy_dir if cfg.critic.from_policy else resolve_model_dir(cfg.critic.model)
@@ -450,7 +451,7 @@ def score(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, torch.Tensor], d
 
 def advantages(run: Run, batch: dict[str, torch.Tensor], scored: dict[str, Any]) -> Any:
     """Token scores from the reward, then ``compute_advantages`` (KL-shaped rewards, GAE, whitening)."""
-    from trainer.advantages import compute_advantages
+    from ppo.advantages import compute_advantages
 
     mask = batch["response_mask"]
     token_rewards = scored["reward"].token_rewards

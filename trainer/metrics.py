@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from eval.files import atomic_save_figure, atomic_write_text
-from eval.progress import progress_line
+from common.files import atomic_save_figure, atomic_write_text
+from common.progress import progress_line
 
 KEY_CURVES = (
     ("heldout/success", "held-out success"),
@@ -178,7 +178,7 @@ def plot_curves(run_dir: Path, out: Path | None = None) -> Path | None:
 
 
 class Progress:
-    """PPO iterations in the shared progress format (``eval.progress``): the loop logs one line per
+    """PPO iterations in the shared progress format (``common.progress``): the loop logs one line per
     iteration, ``[iter] 3/10 (30%) [00:42<01:38, 14.00s/iter, <extra>]``."""
 
     def __init__(self, total: int, start: int = 0, label: str = "iter"):

@@ -3,20 +3,11 @@
     specs = model_specs(cfg)                     # "actor", "critic", "ref" (+ "reward") -> ModelSpec
     plan = resolve_plan(cfg, specs)              # heuristic | search | disjoint | PATH.yaml
 
-- ``heuristic`` (the default): a fixed rule that fits any cluster shape, in the layouts the plan
-  runtime runs (data parallel only: FSDP for training, replicas for generation and inference).
-  Generation uses every device, one vLLM replica each. On one node every other call uses every
-  device too; on several, the actor's side (training, reference) takes the first half of the nodes
-  and the critic's side (critic, reward model) the rest. On GPUs, training checkpoints activations;
-  training and inference use micro-batches of at most ``TOKENS_PER_MICROBATCH`` tokens per device,
-  generation runs in waves whose KV cache fits ``KV_BYTES_PER_DEVICE``, and the frozen reference
-  and reward models leave the GPU between their calls (offload). On any hardware, calls then get
-  more micro-batches until the cost model's fullest device fits its memory (``fit_microbatches``).
-- ``disjoint``: each role on its own devices (generation; actor training; critic inference and
-  training; reference; reward model), the placement the trainer used before plans.
-- ``search``: the cost model's search (``reallocation.search.search_plan``) within
-  ``cluster.plan_search_seconds``.
-- a path: a plan YAML file (``reallocation/execution_plan.py`` describes the format).
+- ``heuristic`` (the default) and ``disjoint``: realm's rules (``planning.builders``:
+  ``realm_heuristic_plan`` then ``fit_microbatches``, ``realm_disjoint_plan``);
+- ``search``: the cost model's search (``planning.search.search_plan``) within
+  ``cluster.plan_search_seconds``, also started from the heuristic's plan so it is never slower;
+- a path: a plan YAML file (``planning/execution_plan.py`` describes the format).
 
 Whatever its source, the plan is checked against the cluster (nodes, devices per node) and the
 configured models (heads, kv heads and vocabulary divisible by tp, layers by pp) before anything
@@ -25,28 +16,21 @@ starts, and errors name the file, the call and the field. Pure: no Ray, no torch
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from models.config import ModelConfig, ModelSource
-from reallocation.config import ClusterConfig
-from reallocation.execution_plan import CALL_MODEL, CALLS, CallAllocation, ExecutionPlan, PlanError
+from planning.config import ClusterConfig
+from planning.execution_plan import CallAllocation, ExecutionPlan, PlanError
 from reallocation.layout import ModelSpec
 from rewards.config import BUILTIN_REWARD_MODELS, RewardKind
 from trainer.config import TrainConfig
 
 if TYPE_CHECKING:
-    from reallocation.estimator import Hardware, Workload
+    pass
 
-TOKENS_PER_MICROBATCH = 16384
-"""Heuristic: training and inference micro-batches of at most this many tokens per GPU."""
-KV_BYTES_PER_DEVICE = 16 << 30
-"""Heuristic: generation runs in waves (micro-batches) whose full-length bf16 KV cache fits this per GPU."""
 PLAN_FILE = "plan.yaml"
 PUBLIC_REWARD_MODEL_SHAPES = {
     # Mistral-7B-v0.1's config.json shape; Math-Shepherd's PRM is that model fine-tuned (the PRM the
@@ -69,19 +53,11 @@ PUBLIC_REWARD_MODEL_SHAPES = {
 
 
 def spec_from_config_json(path: Path) -> ModelSpec:
-    """A ModelSpec from an HF ``config.json``; errors name the file and the missing field."""
+    """``ModelSpec.from_config_json`` with its error as a PlanError (it names the file and field)."""
     try:
-        config = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise PlanError(f"{path}: cannot read the model's shape ({e})") from None
-    missing = [
-        k
-        for k in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads", "vocab_size")
-        if k not in config
-    ]
-    if missing:
-        raise PlanError(f"{path}: no {missing[0]} (not a Llama/Qwen2 config.json)")
-    return ModelSpec.from_hf_config(SimpleNamespace(**config))
+        return ModelSpec.from_config_json(path)
+    except ValueError as e:
+        raise PlanError(str(e)) from None
 
 
 def model_spec(model: ModelConfig, model_dir: Path | None = None, *, key: str = "model") -> ModelSpec:
@@ -96,19 +72,9 @@ def model_spec(model: ModelConfig, model_dir: Path | None = None, *, key: str = 
     if model.shape.given:
         return ModelSpec.from_hf_config(SimpleNamespace(**vars(model.shape)))
     if model.source == ModelSource.tiny:
-        t = model.tiny
-        return ModelSpec.from_hf_config(
-            SimpleNamespace(
-                model_type=t.arch.value,
-                num_hidden_layers=t.num_layers,
-                hidden_size=t.hidden_size,
-                intermediate_size=t.intermediate_size,
-                num_attention_heads=t.num_heads,
-                num_key_value_heads=t.num_kv_heads,
-                vocab_size=t.vocab_size,
-                tie_word_embeddings=True,
-            )
-        )
+        from models.tiny import hf_config_fields
+
+        return ModelSpec.from_hf_config(SimpleNamespace(**hf_config_fields(model.tiny, model.tiny.vocab_size)))
     local = Path(model.path).expanduser() / "config.json"
     if model.source == ModelSource.hf and local.exists():
         return spec_from_config_json(local)
@@ -162,9 +128,9 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec]):
     """The cost model's ``Workload`` of one iteration as the runtime runs it: full prompt and response
     length, the run's compute dtype (``model.dtype``: float32 runs hold twice the bytes of bf16 ones),
     its PPO epochs and minibatches, and the old logprobs' forward on actor training's layout."""
-    from reallocation.dtypes import torch_dtype
-    from reallocation.estimator import Workload
-    from trainer.runtime import RUNTIME_LIMITS
+    from common.dtypes import torch_dtype
+    from planning.estimator import Workload
+    from runtime.topology import RUNTIME_LIMITS
 
     r = cfg.rollout
     return Workload(
@@ -178,130 +144,8 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec]):
         value_bytes=torch_dtype(cfg.model.dtype).itemsize,
         num_epochs=cfg.ppo.num_epochs,
         num_minibatches=cfg.ppo.num_minibatches,
-        old_logprobs_pass=True,  # trainer.runtime's ACTOR_INF
+        old_logprobs_pass=True,  # runtime.driver's ACTOR_INF
     )
-
-
-# ----------------------------------------------------------------------------------------------- rules
-
-
-def _microbatches(rows_per_replica: int, seq_len: int, on_gpu: bool) -> int:
-    """Power of two giving <= TOKENS_PER_MICROBATCH tokens per micro-batch (1 on CPU), <= the rows."""
-    if not on_gpu or rows_per_replica <= 1:
-        return 1
-    need = math.ceil(rows_per_replica * seq_len / TOKENS_PER_MICROBATCH)
-    return min(1 << max(0, need - 1).bit_length(), rows_per_replica)
-
-
-def _generation_waves(spec: ModelSpec, tp: int, rows_per_replica: int, seq_len: int, on_gpu: bool) -> int:
-    """Power of two of waves so that one wave's KV cache (K and V, bf16, every layer, full length)
-    fits KV_BYTES_PER_DEVICE; 1 on CPU. Qwen2.5-Math-7B at tp 1 (4 kv heads): 2 * 4 * 128 * 2 B *
-    28 layers = 56 KiB per token, 117 MB per 2048-token sequence, 146 sequences per wave."""
-    if not on_gpu or rows_per_replica <= 1:
-        return 1
-    kv_heads = max(1, spec.num_kv_heads // tp)
-    per_sequence = 2 * kv_heads * spec.head_dim * 2 * spec.num_layers * seq_len
-    need = math.ceil(rows_per_replica * per_sequence / KV_BYTES_PER_DEVICE)
-    return min(1 << max(0, need - 1).bit_length(), rows_per_replica)
-
-
-def heuristic_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec], *, rows: int, seq_len: int) -> ExecutionPlan:
-    """The fixed rule of the module docstring; ``rows`` sequences of ``seq_len`` tokens per iteration.
-
-    One node: every call on every device. Two or more: generation still on every device, but the
-    actor's side (actor training, reference) on the first half of the nodes and the critic's side
-    (critic inference and training, reward model) on the rest, so that the two sides run at the
-    same time and no FSDP group pays the inter-node link.
-    """
-    n, gpu, per_node = cluster.num_devices, cluster.uses_gpus, cluster.devices_per_node
-    everything = tuple(range(n))
-    if cluster.num_nodes >= 2:
-        split = (cluster.num_nodes + 1) // 2 * per_node
-        actor_side, critic_side = everything[:split], everything[split:]
-    else:
-        actor_side = critic_side = everything
-    mesh = {
-        "actor_gen": everything,
-        "ref_inf": actor_side,
-        "actor_train": actor_side,
-        "critic_inf": critic_side,
-        "critic_train": critic_side,
-        "rew_inf": critic_side,
-    }
-
-    def allocation(call: str, spec: ModelSpec) -> CallAllocation:
-        devices, train = mesh[call], call.endswith("_train")
-        dp = len(devices)
-        waves = (
-            _generation_waves(spec, 1, rows // dp, seq_len, gpu)
-            if call == "actor_gen"
-            else _microbatches(rows // dp, seq_len, gpu)
-        )
-        return CallAllocation(
-            devices=devices,
-            dp=dp,
-            num_microbatches=waves,
-            activation_checkpointing=train and gpu,
-            offload=call in ("ref_inf", "rew_inf") and gpu,
-        )
-
-    calls = {c: allocation(c, specs[CALL_MODEL[c]]) for c in CALLS if CALL_MODEL[c] in specs}
-    return ExecutionPlan(cluster.num_nodes, per_node, calls, source="heuristic")
-
-
-def fit_microbatches(plan: ExecutionPlan, w: Workload, hw: Hardware) -> ExecutionPlan:
-    """``plan`` with more micro-batches (generation: waves) until the cost model's fullest device
-    fits ``hw``'s memory: each round doubles the call with the most active memory on the fullest
-    device (resident state does not shrink with micro-batches). Stops when it fits or when every
-    call there is down to one row per micro-batch (the dry run then warns).
-
-    Why: one micro-batch per call is fastest on CPU, but its logits are rows x new tokens x vocabulary
-    floats: SmolLM2-135M (49,152 tokens) at 32 rows x 257 columns per device is 1.6 GB per copy, and
-    the heuristic's 1-micro-batch plan ran a 24 GiB machine out of memory. The tiny model's plans
-    already fit and keep one.
-    """
-    from reallocation.estimator import call_memory, estimate_plan
-
-    calls = dict(plan.calls)
-    while True:
-        cost = estimate_plan(replace(plan, calls=calls), w, hw)
-        if cost.fits:
-            break
-        fullest = max(cost.peak_bytes_per_device, key=lambda d: cost.peak_bytes_per_device[d])
-        splittable = [
-            (call_memory(c, w.spec(c), a, w)[1], c)
-            for c, a in calls.items()
-            if fullest in a.devices and a.num_microbatches < w.batch // a.dp
-        ]
-        if not splittable:
-            break
-        _, call = max(splittable)
-        calls[call] = replace(calls[call], num_microbatches=2 * calls[call].num_microbatches)
-    return replace(plan, calls=calls)
-
-
-def disjoint_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec]) -> ExecutionPlan:
-    """Each role on its own devices, as the trainer placed them before plans: generation, actor
-    training, critic (inference + training), reference, reward model. Equal shares, the rest to
-    generation; raises PlanError when the cluster has fewer devices than roles."""
-    roles = [("actor_gen",), ("actor_train",), ("critic_inf", "critic_train"), ("ref_inf",)]
-    if "reward" in specs:
-        roles.append(("rew_inf",))
-    n = cluster.num_devices
-    if n < len(roles):
-        raise PlanError(
-            f"cluster.plan=disjoint: {len(roles)} roles need {len(roles)} devices, the cluster has {n} "
-            f"(cluster.num_nodes={cluster.num_nodes} x cluster.devices_per_node={cluster.devices_per_node})"
-        )
-    share = n // len(roles)
-    sizes = [share + n - share * len(roles)] + [share] * (len(roles) - 1)
-    calls, first = {}, 0
-    for role, size in zip(roles, sizes):
-        devices = tuple(range(first, first + size))
-        first += size
-        for call in role:
-            calls[call] = CallAllocation(devices=devices, dp=size)
-    return ExecutionPlan(cluster.num_nodes, cluster.devices_per_node, calls, source="disjoint")
 
 
 # ----------------------------------------------------------------------------------------------- resolve
@@ -330,24 +174,25 @@ def resolve_plan(
     With ``run_dir``, the plan is also written there as ``plan.yaml`` (a searched plan is only
     reproducible from that file). Raises PlanError.
     """
-    from reallocation.estimator import hardware
+    from planning.builders import fit_microbatches, realm_disjoint_plan, realm_heuristic_plan
+    from planning.estimator import hardware
 
     cl, r = cfg.cluster, cfg.rollout
     rows, seq_len = r.num_prompts * r.num_samples_per_prompt, r.max_prompt_tokens + r.max_new_tokens
     w, hw = workload(cfg, specs), hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
     if cl.plan == "heuristic":
-        plan = fit_microbatches(heuristic_plan(cl, specs, rows=rows, seq_len=seq_len), w, hw)
+        plan = fit_microbatches(realm_heuristic_plan(cl, specs, rows=rows, seq_len=seq_len), w, hw)
         where = "cluster.plan=heuristic"
     elif cl.plan == "disjoint":
-        plan, where = disjoint_plan(cl, specs), "cluster.plan=disjoint"
+        plan, where = realm_disjoint_plan(cl, specs), "cluster.plan=disjoint"
     elif cl.plan == "search":
-        from reallocation.search import NoFitError, search_plan
+        from planning.search import NoFitError, search_plan
 
         if log:
             log(f"[plan] searching for {cl.plan_search_seconds:g} s ({cl.num_devices} x {cl.hardware})")
         try:
             # Also from the rule's plan: the search's result is then never slower than cluster.plan=heuristic.
-            rule = fit_microbatches(heuristic_plan(cl, specs, rows=rows, seq_len=seq_len), w, hw)
+            rule = fit_microbatches(realm_heuristic_plan(cl, specs, rows=rows, seq_len=seq_len), w, hw)
             plan, _ = search_plan(w, hw, seconds=cl.plan_search_seconds, seed=cfg.run.seed, also_from=rule)
         except NoFitError as e:
             raise PlanError(
@@ -387,7 +232,7 @@ def dry_run_report(cfg: TrainConfig, run_dir: Path | None = None) -> list[str]:
     own (resident + active) bytes per device; the peak is the fullest device of its mesh with every
     model the plan keeps there.
     """
-    from reallocation.estimator import call_memory, estimate_plan, hardware
+    from planning.estimator import call_memory, estimate_plan, hardware
 
     cl = cfg.cluster
     specs = model_specs(cfg)

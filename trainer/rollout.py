@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from eval.data import Problem
-from eval.prompts import PromptTemplate
+from mathtask.data import Problem
+from mathtask.prompts import PromptTemplate
 
 if TYPE_CHECKING:
     from models.vllm_engine import Completion

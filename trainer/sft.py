@@ -3,7 +3,7 @@
 Each example is the rollout prompt (``trainer.rollout.prompt_text``: the chat template with the
 generation prompt, exactly what the policy is sampled from) followed by the reference solution
 and the EOS token (``<|im_end|>`` for the chat models here). Batches use the rollout layout
-(``trainer/batch.py``): the solution + EOS is the "response", so ``response_mask`` is the label
+(``ppo/batch.py``): the solution + EOS is the "response", so ``response_mask`` is the label
 mask and the loss is the mean NLL of response tokens; prompt and padding are never trained on.
 """
 
@@ -17,10 +17,11 @@ from typing import Any
 
 import torch
 
-from eval.data import Problem
-from eval.files import atomic_write_text
-from eval.progress import Progress
-from trainer.config import RolloutConfig, SFTConfig, TrainConfig
+from common.files import atomic_write_text
+from common.progress import Progress
+from mathtask.data import Problem
+from ppo.config import SFTConfig
+from trainer.config import RolloutConfig, TrainConfig
 from trainer.rollout import pad_batch, prompt_ids, prompt_text
 
 
@@ -59,7 +60,7 @@ def greedy_success(
 ) -> float:
     """Fraction of ``problems`` whose greedy completion (HF ``generate``, at most ``rollout.max_new_tokens``
     new tokens, from the rollout prompt) grades correct."""
-    from eval.grade import grade_many
+    from mathtask.grade import grade_many
 
     was_training = model.training
     model.eval()
@@ -127,12 +128,12 @@ def run_sft(
     """
     from transformers import AutoTokenizer
 
-    from trainer.workers import PolicyWorker
+    from runtime.device.shards import PolicyShard
 
     sft = cfg.sft
     say = log or (lambda _: None)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    worker = PolicyWorker(model_dir=str(base_dir), dtype=cfg.model.dtype, ppo=cfg.ppo, sft=sft, seed=cfg.run.seed)
+    worker = PolicyShard(model_dir=str(base_dir), dtype=cfg.model.dtype, ppo=cfg.ppo, sft=sft, seed=cfg.run.seed)
     fit, check = split_check_problems(train, sft)
     batches = sft_batches(fit, tokenizer, cfg.rollout, sft.batch_size, cfg.run.seed)
     record: dict[str, Any] = {"num_steps": 0, "target_success": sft.target_success, "checks": []}

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from eval.files import atomic_save_figure, atomic_write_text
+from common.files import atomic_save_figure, atomic_write_text
 from trainer.metrics import read_metrics
 
 REWARD_ORDER = ["success", "orm", "prm", "prm_clip", "prm_delta", "prm_clip_delta", "prm_alpha_matched"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from trainer.runtime import Event
+from runtime.driver import Event
 
 # A colour per call, so that the same call looks the same in every picture.
 _COLOURS = {

@@ -24,7 +24,7 @@ def _run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
 
 def test_grade_bench_on_ten_golds():
     proc = _run(["bench/grade.py", "--num-gsm8k", "5", "--num-math", "5", "--show", "0"])
-    assert "eval.grade vs label:" in proc.stdout
+    assert "mathtask.grade vs label:" in proc.stdout
 
 
 def test_plan_search_bench_on_one_setting(tmp_path):

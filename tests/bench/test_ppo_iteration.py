@@ -102,7 +102,7 @@ def test_script_runs_on_a_tiny_workload(tmp_path):
     "mode, cliprange, same", [("none", None, True), ("raw", 0.2, True), ("return_std", 0.2, False)]
 )
 def test_trl_gets_the_value_loss_realm_trains_with(mode, cliprange, same):
-    from trainer.config import PPOConfig, ValueClip
+    from ppo.config import PPOConfig, ValueClip
 
     vc = ppo_iteration.trl_value_clip(PPOConfig(value_clip=ValueClip(mode), value_clip_eps=0.2))
     assert (vc["realm"], vc["trl_cliprange_value"], vc["same_loss"]) == (mode, cliprange, same)
@@ -114,7 +114,7 @@ def test_an_infinite_trl_value_clip_range_is_realms_plain_regression():
     bench/_trl_ppo.py passes for realm's default ppo.value_clip=none) equals realm's unclipped loss."""
     import torch
 
-    from trainer.losses import value_loss
+    from ppo.losses import value_loss
 
     values = torch.tensor([[0.0, 1.5, -2.0], [3.0, 0.5, 0.0]])
     old = torch.tensor([[0.1, 0.0, 0.0], [0.0, 0.4, 0.0]])

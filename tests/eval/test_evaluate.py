@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from eval.data import Problem
 from eval.evaluate import ResumeError, evaluate, read_samples
-from eval.prompts import TEMPLATES, PromptTemplate, exemplar_solution, load_template, with_fewshot
+from mathtask.data import Problem
+from mathtask.prompts import TEMPLATES, PromptTemplate, exemplar_solution, load_template, with_fewshot
 
 RAW = TEMPLATES["raw"]  # plain text: no tokenizer needed
 

@@ -84,8 +84,8 @@ def test_junk_responses_keep_their_natural_labels():
 
 
 def test_synthetic_examples_are_labelled_by_the_grader():
-    from eval.grade import grade_many
-    from eval.synthetic import generate_problems
+    from mathtask.grade import grade_many
+    from mathtask.synthetic import generate_problems
 
     problems = generate_problems(3, seed=5)
     examples = synthetic_examples(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from eval.synthetic import generate_problems
+from mathtask.synthetic import generate_problems
 from trainer.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from trainer.rollout import iteration_problems, pad_batch
 

@@ -9,15 +9,13 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from reallocation.config import ClusterConfig
-from reallocation.execution_plan import CallAllocation, ExecutionPlan, PlanError
+from planning.builders import fit_microbatches, realm_disjoint_plan, realm_heuristic_plan
+from planning.config import ClusterConfig
+from planning.execution_plan import CallAllocation, ExecutionPlan, PlanError
 from trainer.compose import to_train_config
 from trainer.config import TrainConfig, register_configs
 from trainer.plan_select import (
     PLAN_FILE,
-    disjoint_plan,
-    fit_microbatches,
-    heuristic_plan,
     model_spec,
     model_specs,
     resolve_plan,
@@ -110,14 +108,14 @@ def test_heuristic_splits_the_largest_calls_until_the_fullest_device_fits():
     # gives 8 GiB (the plan that ran this machine's 24 GiB out of memory); doubling the call with the
     # most active memory on the fullest device gives actor and critic training 8 micro-batches each
     # (over the whole batch: 2 per PPO minibatch, 4 rows each per device) and fits.
-    from reallocation.estimator import estimate_plan, hardware
+    from planning.estimator import estimate_plan, hardware
 
     cfg = _cfg(
         "model=smollm2-135m", "rollout.num_prompts=16", "rollout.num_samples_per_prompt=4", "rollout.max_new_tokens=256"
     )
     specs = model_specs(cfg)
     w, hw = workload(cfg, specs), hardware("cpu", 1, 2)
-    rule = heuristic_plan(cfg.cluster, specs, rows=64, seq_len=512)
+    rule = realm_heuristic_plan(cfg.cluster, specs, rows=64, seq_len=512)
     assert not estimate_plan(rule, w, hw).fits
     assert round(estimate_plan(rule, w, hw).peak_bytes / 2**30, 1) == 26.4
     fitted = fit_microbatches(rule, w, hw)
@@ -134,7 +132,7 @@ def test_heuristic_splits_the_largest_calls_until_the_fullest_device_fits():
 
 
 def test_the_default_run_and_fitting_gpu_plans_keep_their_micro_batches():
-    from reallocation.estimator import hardware
+    from planning.estimator import hardware
 
     for overrides, rows, seq_len, hw in (
         ((), 512, 304, hardware("cpu", 1, 2)),
@@ -142,20 +140,20 @@ def test_the_default_run_and_fitting_gpu_plans_keep_their_micro_batches():
     ):
         cfg = _cfg(*overrides)
         specs = model_specs(cfg)
-        rule = heuristic_plan(cfg.cluster, specs, rows=rows, seq_len=seq_len)
+        rule = realm_heuristic_plan(cfg.cluster, specs, rows=rows, seq_len=seq_len)
         assert fit_microbatches(rule, workload(cfg, specs), hw) == rule
 
 
 def test_fitting_stops_at_one_row_per_micro_batch():
     # 2 sequences per iteration of SmolLM2 on a "GPU" of 1 GiB: the training state alone (135M x 18 B
     # over 2 devices, 1.1 GiB) does not fit, so every call on the device ends at one row per micro-batch.
-    from reallocation.estimator import estimate_plan, hardware
+    from planning.estimator import estimate_plan, hardware
 
     cfg = _cfg("model=smollm2-135m", "rollout.num_prompts=2", "rollout.num_samples_per_prompt=2")
     specs = model_specs(cfg)
     w = workload(cfg, specs)
     hw = replace(hardware("cpu", 1, 2), gpu_memory_bytes=1 << 30)
-    fitted = fit_microbatches(heuristic_plan(cfg.cluster, specs, rows=4, seq_len=304), w, hw)
+    fitted = fit_microbatches(realm_heuristic_plan(cfg.cluster, specs, rows=4, seq_len=304), w, hw)
     assert not estimate_plan(fitted, w, hw).fits
     assert {a.num_microbatches for a in fitted.calls.values()} == {2}  # 4 rows / dp 2
 
@@ -188,7 +186,7 @@ def _write(tmp_path: Path, plan: ExecutionPlan) -> Path:
 def test_plan_file_is_loaded_validated_and_written_to_the_run_dir(tmp_path):
     cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-1.5b-instruct")
     specs = model_specs(cfg)
-    wanted = disjoint_plan(cfg.cluster, specs)
+    wanted = realm_disjoint_plan(cfg.cluster, specs)
     path = _write(tmp_path, wanted)
     cfg.cluster.plan = str(path)
     plan = resolve_plan(cfg, specs, run_dir=tmp_path / "run")
@@ -198,7 +196,7 @@ def test_plan_file_is_loaded_validated_and_written_to_the_run_dir(tmp_path):
 
 def test_plan_file_for_another_cluster_names_the_field(tmp_path):
     cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-1.5b-instruct")
-    other = heuristic_plan(replace(cfg.cluster, devices_per_node=4), model_specs(cfg), rows=8, seq_len=8)
+    other = realm_heuristic_plan(replace(cfg.cluster, devices_per_node=4), model_specs(cfg), rows=8, seq_len=8)
     cfg.cluster.plan = str(_write(tmp_path, other))
     with pytest.raises(PlanError, match=r"my_plan.yaml: gpus_per_node=4 but cluster.devices_per_node=8"):
         resolve_plan(cfg, model_specs(cfg))
@@ -207,7 +205,7 @@ def test_plan_file_for_another_cluster_names_the_field(tmp_path):
 def test_plan_file_with_a_tp_the_model_cannot_take_names_call_and_field(tmp_path):
     cfg = _cfg("cluster=gpu_1x8", "model=qwen2.5-math-1.5b-instruct")  # 12 heads, 2 kv heads
     specs = model_specs(cfg)
-    plan = heuristic_plan(cfg.cluster, specs, rows=8, seq_len=8)
+    plan = realm_heuristic_plan(cfg.cluster, specs, rows=8, seq_len=8)
     calls = dict(plan.calls, actor_gen=CallAllocation(devices=tuple(range(8)), dp=1, tp=8))
     cfg.cluster.plan = str(_write(tmp_path, replace(plan, calls=calls)))
     with pytest.raises(PlanError, match=r"my_plan.yaml: calls.actor_gen.tp=8 does not divide num_attention_heads=12"):
@@ -234,14 +232,14 @@ def test_a_hub_model_without_shape_says_which_key_to_set():
 def test_a_cluster_config_reaches_the_rule_unchanged():
     cluster = ClusterConfig(num_nodes=2, devices_per_node=4, backend="nccl", hardware="h100")
     cfg = _cfg("model=qwen2.5-math-7b")
-    plan = heuristic_plan(cluster, model_specs(cfg), rows=64, seq_len=2048)
+    plan = realm_heuristic_plan(cluster, model_specs(cfg), rows=64, seq_len=2048)
     assert (plan.num_nodes, plan.gpus_per_node, plan.num_devices) == (2, 4, 8)
 
 
 def test_search_returns_a_fitting_plan_within_its_budget_and_writes_it(tmp_path):
     import time
 
-    from reallocation.estimator import estimate_plan, hardware
+    from planning.estimator import estimate_plan, hardware
     from trainer.plan_select import workload
 
     cfg = _cfg(
@@ -262,9 +260,10 @@ def test_searched_recipe_plans_run_on_the_plan_runtime_and_beat_the_rule(experim
     """The search looks only at layouts the runtime runs (no pp; training and inference TP that divides
     the kv heads), starts from the rule's plan as well, and so never returns a slower one. The 7B
     recipe (32,768 sequences per iteration) fits only with hundreds of micro-batches per training call."""
-    from reallocation.estimator import estimate_plan, hardware
-    from trainer.plan_select import heuristic_plan, workload
-    from trainer.runtime import check_supported
+    from planning.builders import realm_heuristic_plan
+    from planning.estimator import estimate_plan, hardware
+    from runtime.driver import check_supported
+    from trainer.plan_select import workload
 
     cfg = _cfg(f"experiment={experiment}", f"cluster={cluster}", "cluster.plan=search", "cluster.plan_search_seconds=1")
     specs = model_specs(cfg)
@@ -272,7 +271,7 @@ def test_searched_recipe_plans_run_on_the_plan_runtime_and_beat_the_rule(experim
     check_supported(plan, specs)
     w, hw = workload(cfg, specs), hardware("h100", cfg.cluster.num_nodes, 8)
     r = cfg.rollout
-    rule = heuristic_plan(cfg.cluster, specs, rows=r.num_prompts * r.num_samples_per_prompt, seq_len=2048)
+    rule = realm_heuristic_plan(cfg.cluster, specs, rows=r.num_prompts * r.num_samples_per_prompt, seq_len=2048)
     searched, ruled = estimate_plan(plan, w, hw), estimate_plan(rule, w, hw)
     assert searched.fits and searched.seconds_per_iteration <= ruled.seconds_per_iteration
 
@@ -286,7 +285,7 @@ def test_searched_recipe_plans_run_on_the_plan_runtime_and_beat_the_rule(experim
     ],
 )
 def test_model_config_shapes_agree_with_the_plan_searchs_named_shapes(model, named):
-    from reallocation.shapes import named_spec
+    from planning.shapes import named_spec
 
     assert model_spec(_cfg(f"model={model}").model) == named_spec(named)
 

@@ -94,7 +94,7 @@ def test_reward_paper_recipes(size, model, num_prompts, cluster, num_devices, pl
     assert cfg.ppo.gamma == 1.0 and (cfg.data.name, cfg.data.heldout) == ("math_train", "math500")
     assert (cfg.cluster.num_devices, cfg.cluster.plan) == (num_devices, plan)
     # Trained on the prompt `python -m eval` uses for MATH-500 / GSM8K (qwen_math_cot).
-    from eval.prompts import TEMPLATES
+    from mathtask.prompts import TEMPLATES
 
     assert cfg.rollout.system_prompt == TEMPLATES["qwen_math_cot"].system and not cfg.rollout.prompt_suffix
     assert TEMPLATES["qwen_math_cot"].user == "{question}"

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eval.synthetic import generate_problems
-from trainer.config import PPOConfig, RolloutConfig, SFTConfig, TrainConfig
+from mathtask.synthetic import generate_problems
+from ppo.config import PPOConfig, SFTConfig
+from runtime.device.shards import PolicyShard
+from trainer.config import RolloutConfig, TrainConfig
 from trainer.rollout import prompt_text
 from trainer.sft import run_sft, sft_batches, sft_example
-from trainer.workers import PolicyWorker
 
 
 def _tokenizer(model_dir):
@@ -48,7 +49,7 @@ def test_sft_steps_reduce_loss(tiny_model_dir):
     tok = _tokenizer(tiny_model_dir)
     problems = generate_problems(8, seed=0, difficulty=2)
     batch = next(sft_batches(problems, tok, RolloutConfig(), batch_size=8, seed=0))
-    worker = PolicyWorker(model_dir=str(tiny_model_dir), sft=SFTConfig(lr=1e-3))
+    worker = PolicyShard(model_dir=str(tiny_model_dir), sft=SFTConfig(lr=1e-3))
     losses = [worker.sft_step(batch) for _ in range(8)]
     # the random-init model is near uniform over ~326 tokens (log 326 = 5.79); 8 steps: ~3.8
     assert 5.0 < losses[0] < 6.2

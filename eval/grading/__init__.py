@@ -1,1 +1,0 @@
-"""Internals of the answer grader; the public API is `eval.grade`."""

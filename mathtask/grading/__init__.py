@@ -1,0 +1,1 @@
+"""Internals of the answer grader; the public API is `mathtask.grade`."""

@@ -1,0 +1,57 @@
+"""Typed cluster config: which devices exist, and where the execution plan comes from.
+
+What runs where (each model function call's devices and layout) is not configured here field by
+field: it is an execution plan (``planning/execution_plan.py``), chosen at start by
+``trainer/plan_select.resolve_plan`` from ``plan``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+HARDWARE = ("cpu", "a100-80g", "h100", "h200")
+PLAN_RULES = ("heuristic", "search", "disjoint")
+"""``plan`` values that name a rule; anything else is a path to a plan YAML file."""
+
+
+@dataclass
+class ClusterConfig:
+    address: str = ""
+    """Empty: start a local Ray (CPU). Otherwise a Ray address to join, e.g. `auto` or `HEAD_IP:6379`."""
+    num_cpus: int = 2
+    """CPUs for the local Ray (ignored when joining a cluster)."""
+    num_nodes: int = 1
+    devices_per_node: int = 1
+    """GPUs per node. On CPU, logical devices: one worker process each, sharing the machine's cores."""
+    hardware: str = "cpu"
+    """What one device is, for the cost model's predictions: cpu, a100-80g, h100 or h200."""
+    backend: str = "gloo"
+    """torch.distributed backend for training workers: gloo (CPU) or nccl (GPU)."""
+    plan: str = "heuristic"
+    """Where the execution plan comes from: `heuristic` (a fixed rule that always fits the cluster),
+    `search` (the cost model's search at start, within plan_search_seconds; written to the run
+    directory as plan.yaml), `disjoint` (each role on its own devices, the pre-plan placement),
+    or a path to a plan YAML file (validated against this cluster and the model)."""
+    plan_search_seconds: float = 30.0
+    """Time budget of `plan=search`."""
+
+    @property
+    def num_devices(self) -> int:
+        return self.num_nodes * self.devices_per_node
+
+    @property
+    def uses_gpus(self) -> bool:
+        return self.backend == "nccl"
+
+    def __post_init__(self) -> None:
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"cluster.backend={self.backend!r}: expected gloo or nccl")
+        if self.hardware not in HARDWARE:
+            raise ValueError(f"cluster.hardware={self.hardware!r}: expected one of {', '.join(HARDWARE)}")
+        for key in ("num_nodes", "devices_per_node", "num_cpus"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"cluster.{key}={getattr(self, key)}: must be >= 1")
+        if not self.plan:
+            raise ValueError(f"cluster.plan is empty: expected {', '.join(PLAN_RULES)} or a plan YAML path")
+        if self.plan_search_seconds <= 0:
+            raise ValueError(f"cluster.plan_search_seconds={self.plan_search_seconds}: must be > 0")

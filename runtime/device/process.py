@@ -1,0 +1,173 @@
+"""The device process: one per plan device, hosting every model shard the plan puts on the device.
+
+It joins the world of all device processes, creates the process group of every device set the plan
+needs (``runtime.topology.mesh_groups``: ``new_group`` is collective, so every process creates them
+all, in the same order), builds the shards of its roles (``runtime.device.shards``,
+``runtime.device.reward``) and runs their methods as the driver dispatches them, plus the
+reallocations that move a model between two layouts (``reallocate``). No Ray here:
+``runtime.placement`` hosts it in an actor.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+from reallocation.layout import Holdings
+from runtime.meshes import Grid, Pipeline
+
+
+class DeviceProcess:
+    """Everything one device holds: the shard of each of its roles, by role name.
+
+    ``builders``: role -> (shard class, its keyword arguments, the grid or stages its model is
+    sharded over); a grid says FSDP over the rows, TP within each row, its ``DeviceMesh`` made from
+    the groups created here.
+    """
+
+    def __init__(
+        self,
+        device: int,
+        devices: Sequence[int],
+        master_addr: str,
+        master_port: int,
+        backend: str,
+        groups: Sequence[tuple[int, ...]],
+        dtype: str,
+        builders: Mapping[str, tuple[type, dict, Grid | Pipeline]],
+    ):
+        import torch.distributed as dist
+
+        self.device, self.devices = device, tuple(devices)
+        self.rank_of = {d: i for i, d in enumerate(self.devices)}
+        dist.init_process_group(
+            backend,
+            init_method=f"tcp://{master_addr}:{master_port}",
+            rank=self.rank_of[device],
+            world_size=len(self.devices),
+        )
+        self.groups = {g: dist.new_group([self.rank_of[d] for d in g]) for g in groups}
+        self.backend, self.dtype = backend, dtype
+        self.shards: dict[str, Any] = {}
+        for role, (cls, kwargs, mesh) in builders.items():
+            self.shards[role] = cls(self._ranks(mesh), **kwargs)
+
+    def _ranks(self, mesh: Grid | Pipeline) -> Any:
+        """This device's ``Ranks`` in a model sharded over ``mesh``: a grid (dp rows x tp columns),
+        or pipeline stages, the stage holding this device being a grid of its own that passes hidden
+        states to the device at the same place in the next stage."""
+        from runtime.device.pipeline import PipelineStage
+        from runtime.device.ranks import Ranks
+        from runtime.meshes import column_of, global_grid, row_of
+
+        pipeline = None
+        if isinstance(mesh, Pipeline):
+            s, column = mesh.stage_of(self.device), mesh.column(self.device)
+            if len(mesh.stages) > 1:  # this device talks to the devices at its place in the other stages
+                rank = [self.rank_of[d] for d in column]
+                pipeline = PipelineStage(
+                    s,
+                    len(column),
+                    prev=rank[s - 1] if s > 0 else None,
+                    next=rank[s + 1] if s + 1 < len(column) else None,
+                    first=rank[0],
+                    last=rank[-1],
+                    group=self.groups[tuple(sorted(column))],
+                    tie_group=self.groups[tuple(sorted((column[0], column[-1])))],
+                    model_group=self.groups[mesh.devices],
+                )
+            mesh = mesh.stages[s]
+        devices = tuple(sorted(d for row in mesh for d in row))
+        if len(devices) == 1:
+            return Ranks(None, self.dtype, self.backend, pipeline=pipeline)
+        if len(mesh[0]) == 1:  # FSDP (or plain replicas) over the whole group
+            return Ranks(self.groups[devices], self.dtype, self.backend, pipeline=pipeline)
+        return Ranks(
+            self.groups[devices],
+            self.dtype,
+            self.backend,
+            dp_group=self.groups[column_of(mesh, self.device)],
+            tp_group=self.groups[row_of(mesh, self.device)],
+            grid=global_grid(mesh, self.rank_of),
+            pipeline=pipeline,
+        )
+
+    def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.shards[role], method)(*args, **kwargs)
+
+    def reallocate(
+        self,
+        src_role: str,
+        dst_role: str,
+        src_devices: Sequence[int],
+        dst_devices: Sequence[int],
+        engine: Holdings | None = None,
+    ) -> tuple[Any, tuple[dict[str, int], float, float]]:
+        """Move ``src_role``'s training shards to the replicas on ``dst_devices`` (collective over the
+        union of both meshes): the engine ranks' boxes ``engine`` (``engine_holdings``), or the
+        ``dst_role`` shards' own (FSDP/TP) shards. A destination keeps what it already holds and
+        receives the rest.
+
+        Returns (engine shards or None, ({bytes_received, bytes_sent, lower_bound}, start, end)). For
+        an engine a destination returns its ``(HF name, full shape, box, shard)`` for the vLLM engine
+        rank beside it (``VLLMEngine.load_shards``); otherwise it copies the shards into its
+        ``dst_role`` worker's parameters.
+        """
+        from reallocation.plan import lower_bound_bytes
+        from reallocation.reshard import ReshardStats
+        from reallocation.sync import drain, iter_plan_weights, plan_sync, source_shards
+
+        start = time.time()
+        group = self.groups[tuple(sorted(set(src_devices) | set(dst_devices)))]
+        src_shard = self.shards.get(src_role) if self.device in src_devices else None
+        src = source_shards(src_shard.model if src_shard is not None else {}, group)
+        to_engine = engine is not None
+        dst_model = self.shards[dst_role].model if not to_engine and self.device in dst_devices else None
+        if engine is not None:
+            if engine.keys() != src.shapes.keys():
+                raise ValueError(
+                    f"engine layout names {sorted(engine.keys() ^ src.shapes.keys())[:5]} differ from the model's"
+                )
+            dst = engine
+        else:  # whatever the destination replicas' own (FSDP/TP) shards are
+            dst = source_shards(dst_model if dst_model is not None else {}, group).holdings
+        plan = plan_sync(src, dst)
+        # The engine computes in the run's dtype; a critic replica keeps the exact training weights.
+        wire = {n: (self.engine_dtype() if to_engine else src.dtypes[n]) for n in src.shapes}
+        stats = ReshardStats()
+        pairs = iter_plan_weights(plan, src.tensors, dtype=wire, group=group, stats=stats)
+        weights = None
+        if self.device not in dst_devices:
+            drain(pairs)
+        elif dst_model is None:  # to the engine rank beside this device
+            rank = self.rank_of[self.device]
+            weights = [(name, src.shapes[name], dst[name][rank], tensor.cpu()) for name, tensor in pairs]
+        else:
+            _copy_into(dst_model, pairs)
+        itemsizes = {n: wire[n].itemsize for n in wire}
+        counts = {
+            "bytes_received": stats.bytes_received,
+            "bytes_sent": stats.bytes_sent,
+            "lower_bound": lower_bound_bytes(src.holdings, dst, src.shapes, itemsizes),
+        }
+        return weights, (counts, start, time.time())
+
+    def engine_dtype(self) -> torch.dtype:
+        from common.dtypes import torch_dtype
+
+        return torch_dtype(self.dtype)
+
+
+def _copy_into(model: torch.nn.Module, pairs: Any) -> None:
+    """Copy received (HF name, tensor) pairs into ``model``'s local shards (a DTensor's local
+    tensor, or the plain parameter)."""
+    from reallocation.sync import clean_name
+
+    params = {clean_name(n): p for n, p in model.named_parameters()}
+    with torch.no_grad():
+        for name, tensor in pairs:
+            param = params[name]
+            (param.to_local() if hasattr(param, "to_local") else param).copy_(tensor)

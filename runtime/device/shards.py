@@ -1,0 +1,690 @@
+"""The model shards a device process hosts, one plain class per role: policy (actor), critic, reference.
+
+No Ray here: a device process (``runtime.device.process``) builds these classes for its roles, and
+tests build them in-process. Each object is one rank of its model's process group
+(``Ranks``: the devices of one call of the execution plan, gloo on CPU, NCCL on GPU) and shards its
+model with FSDP2 over that group (``models.parallelize.apply_fsdp``). With one rank the model
+stays a plain module and needs no process group, so several roles can share one test process.
+
+Data parallelism (see ``ppo/batch.py``): the caller splits every global batch into row slices,
+one per rank (for updates, in ``batch.update_rows`` order), and calls the same method on all
+ranks; outputs come back per slice. Losses
+are token means over the *global* minibatch (the token count is all-reduced), and FSDP averages
+gradients over ranks, so each rank backpropagates ``num_dp * its share``: N ranks take
+exactly the step one rank would take on the whole minibatch. Stats are all-reduced the same way,
+so every rank returns the global numbers. With tensor parallelism (``Ranks(tp_group=...)``) only
+the dp ranks split the rows; the tp ranks of one replica compute on the same rows. With pipeline
+stages (``Ranks(pipeline=...)``, ``runtime/device/pipeline.py``) each rank holds one stage's blocks, the
+stages of a data share see the same rows, and the last stage computes the loss and the stats.
+
+Precision: parameters and optimizer state are float32; ``dtype`` is the compute dtype (FSDP2
+mixed precision with N ranks, autocast with one). Dropout is off everywhere (``model.eval()``):
+the logprobs an update recomputes must equal the ones the rollout was scored with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from common.schedule import build_lr_scheduler
+from ppo import batch as B
+from ppo.advantages import masked_sum
+from ppo.config import PPOConfig, SFTConfig
+from ppo.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_clip_range, value_loss
+from runtime.device.pipeline import (
+    PipelineStage,
+    counted_in_norm,
+    from_last_stage,
+    keep_stage,
+    last_stage_inputs,
+    shares_embedding,
+    stage_hidden,
+    sum_over_stages,
+    sync_tied_grads,
+    train_microbatches,
+)
+from runtime.device.ranks import Ranks
+
+
+def _load_model(model_cls, model_dir: str, ranks: Ranks, **kwargs) -> tuple[nn.Module, list[str]]:
+    """Load an HF model in float32 on this rank's device, dropout off, sharded if N > 1.
+
+    Returns the model and the names of weights missing from ``model_dir`` (newly initialized).
+    """
+    from transformers.utils import logging as hf_logging
+
+    # A missing value head is expected (it is zero-initialized below): no load report for it.
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        model, info = model_cls.from_pretrained(model_dir, dtype=torch.float32, output_loading_info=True, **kwargs)
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    model.eval()
+    model.to(ranks.device)
+    missing = list(info["missing_keys"])
+    return model, missing
+
+
+def _shard(model: nn.Module, ranks: Ranks) -> nn.Module:
+    """TP within each replica (``ranks.tp_size > 1``), then FSDP2 across replicas (``num_dp > 1``).
+
+    A single replica stays without FSDP: its parameters are then the TP shards themselves, which
+    reallocation writes into, and ``Ranks.autocast`` gives it the compute dtype. A pipeline stage
+    (``ranks.pipeline``) first drops what the other stages hold.
+    """
+    if ranks.pipeline is not None:
+        keep_stage(model, ranks.pipeline.stage, ranks.pipeline.num_stages)
+    if not ranks.sharded:
+        return model
+    from models.parallelize import apply_fsdp, apply_tp
+
+    # The mesh is the model's own group (the plan runtime's devices of this call), not the world.
+    mesh = ranks.mesh()
+    if ranks.tp_group is not None:
+        apply_tp(model, mesh["tp"])
+        mesh = mesh["dp"]
+    if ranks.num_dp == 1:
+        return model
+    param_dtype = None if ranks.compute_dtype == torch.float32 else ranks.compute_dtype
+    return apply_fsdp(model, mesh, param_dtype=param_dtype, reduce_dtype=torch.float32)
+
+
+def shard_replica(model: nn.Module, ranks: Ranks) -> Any:
+    """Shard a frozen model (a reward model) over one inference replica's ranks as the reference
+    replicas are (``_shard``: this rank's pipeline stage, TP within it). Returns its body as a stage
+    (``stage_hidden``), or None when the replica is not cut into stages (its own body runs)."""
+    _shard(model, ranks)
+    pipe = ranks.pipeline
+    if pipe is None:
+        return None
+    return lambda input_ids, attention_mask: stage_hidden(model, pipe, input_ids, attention_mask)
+
+
+def _to_device(batch: Mapping[str, Tensor], device: torch.device) -> dict[str, Tensor]:
+    return {key: value.to(device) for key, value in batch.items()}
+
+
+def response_logits(model: nn.Module, batch: Mapping[str, Tensor], hidden: Tensor | None = None) -> Tensor:
+    """Logits that predict each response token: columns P-1 .. L-2 of a causal LM, [B, T, V].
+
+    ``logits_to_keep=T + 1`` computes the LM head only on the last T + 1 columns; the last one
+    predicts past the end and is dropped. Prompt logits are never materialized. ``hidden`` [B, L, H]:
+    a pipeline's last stage starts from the hidden states it received instead of the token ids.
+    """
+    T = batch["response_mask"].shape[1]
+    out = model(
+        input_ids=batch["input_ids"] if hidden is None else None,
+        inputs_embeds=hidden,
+        attention_mask=batch["attention_mask"],
+        position_ids=B.position_ids(batch),
+        logits_to_keep=T + 1,
+        use_cache=False,
+    )
+    return out.logits[:, :-1]
+
+
+def response_values(model: nn.Module, batch: Mapping[str, Tensor], hidden: Tensor | None = None) -> Tensor:
+    """V(s_t) for each response token t: the value head at column P + t - 1, [B, T] float32
+    (``hidden``: as in ``response_logits``)."""
+    T = batch["response_mask"].shape[1]
+    out = model(
+        input_ids=batch["input_ids"] if hidden is None else None,
+        inputs_embeds=hidden,
+        attention_mask=batch["attention_mask"],
+        position_ids=B.position_ids(batch),
+        use_cache=False,
+    )
+    return out.logits[:, -T - 1 : -1, 0].float()
+
+
+def _response_logprobs(model: nn.Module, ranks: Ranks, batch: Mapping[str, Tensor], temperature: float) -> Tensor:
+    T = batch["response_mask"].shape[1]
+    batch = _to_device(B.trim_padding(batch), ranks.device)
+    with torch.no_grad(), ranks.autocast():
+        hidden = _pipeline_inputs(model, ranks, batch)
+        if ranks.pipeline is not None and not ranks.pipeline.is_last:
+            return torch.zeros(batch["input_ids"].shape[0], T)  # the last stage reports
+        logits_BTV = response_logits(model, batch, hidden)
+        logprobs_BT = logprobs_from_logits(logits_BTV, B.response_tokens(batch), temperature)
+    return B.pad_response_columns((logprobs_BT * batch["response_mask"]).cpu(), T)
+
+
+def _pipeline_inputs(model: nn.Module, ranks: Ranks, batch: Mapping[str, Tensor]) -> Tensor | None:
+    """With pipeline stages: run this rank's stage (``runtime.device.pipeline.last_stage_inputs``); the
+    last stage gets the hidden states to finish from. None without a pipeline."""
+    if ranks.pipeline is None:
+        return None
+    return last_stage_inputs(model, ranks.pipeline, batch, B.position_ids(batch))
+
+
+def _in_chunks(fn, batch: Mapping[str, Tensor], num_microbatches: int) -> Tensor:
+    """``fn`` over ``num_microbatches`` micro-batches of rows of similar length (``batch.microbatch_rows``),
+    its [rows, T] outputs put back in row order."""
+    parts = B.microbatch_rows(batch, num_microbatches)
+    if len(parts) == 1:
+        return fn(batch)
+    outputs = torch.cat([fn(B.select(batch, rows)) for rows in parts])
+    out = torch.empty_like(outputs)
+    out[torch.cat(parts)] = outputs
+    return out
+
+
+def _checkpoint_activations(model: nn.Module) -> None:
+    """Recompute each decoder block's activations in the backward pass instead of keeping them
+    (torch's checkpoint wrapper: HF's own switch only acts in train mode, and dropout keeps these
+    models in eval mode)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import apply_activation_checkpointing
+
+    base = getattr(model, getattr(model, "base_model_prefix", "model"))
+    blocks = set(base.layers)
+    apply_activation_checkpointing(model, check_fn=lambda m: m in blocks)
+
+
+def _by_mesh(grads: Sequence[Tensor]) -> dict[Any, list[Tensor]]:
+    by_mesh: dict[Any, list[Tensor]] = {}
+    for grad in grads:
+        by_mesh.setdefault(getattr(grad, "device_mesh", None), []).append(grad)
+    return by_mesh
+
+
+def _global_grad_norm_clip(model: nn.Module, max_norm: float, pipe: PipelineStage | None = None) -> Tensor:
+    """Clip the (possibly sharded) gradients to ``max_norm``; returns the pre-clip global norm.
+
+    With TP under FSDP the gradients live on two meshes (TP-sharded weights on ("dp", "tp"),
+    replicated norms and heads on "dp" alone), which one ``clip_grad_norm_`` cannot combine: the
+    squared norm of each mesh's gradients is reduced over that mesh, and the sum is the global one.
+    A pipeline stage (``pipe``) adds the other stages' squares (``runtime.device.pipeline``).
+    """
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    by_mesh = _by_mesh(grads)
+    if pipe is None and len(by_mesh) <= 1:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+    squares = [torch.zeros((), device=grads[0].device if grads else None)]
+    counted = grads if pipe is None else [p.grad for p in counted_in_norm(model, pipe) if p.grad is not None]
+    for mesh_grads in _by_mesh(counted).values():
+        norm = torch.nn.utils.get_total_norm(mesh_grads, 2.0)
+        squares.append((norm.full_tensor() if hasattr(norm, "full_tensor") else norm) ** 2)
+    total_sq = torch.stack(squares).sum()
+    total = (total_sq if pipe is None else sum_over_stages(total_sq, pipe)).sqrt()
+    # clip_grad_norm_'s coefficient, applied per mesh (a plain tensor cannot scale DTensors in one foreach).
+    coef = float(torch.clamp(max_norm / (total + 1e-6), max=1.0))
+    for mesh_grads in by_mesh.values():
+        torch._foreach_mul_(mesh_grads, coef)
+    return total
+
+
+@contextlib.contextmanager
+def _single_process_dcp_quiet():
+    """DCP warns that it 'assumes the intent' to save/load in one process; with one rank it is."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
+
+
+class _Trainer:
+    """Optimizer + LR schedule + the minibatch loop shared by the policy and critic updates.
+
+    Composition, not inheritance: each worker owns one and passes in its loss function.
+    """
+
+    def __init__(self, model: nn.Module, ranks: Ranks, ppo: PPOConfig, lr: float, num_iterations: int, seed: int):
+        self.model, self.ranks, self.ppo, self.seed = model, ranks, ppo, seed
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=ppo.weight_decay)
+        self.scheduler = build_lr_scheduler(
+            self.optimizer, ppo.lr_schedule, ppo.num_warmup_iterations, max(num_iterations, 1)
+        )
+        self.num_updates = 0
+        """PPO iterations done; seeds the minibatch order, so a resumed run shuffles the same way."""
+
+    def run(
+        self, batch: Mapping[str, Tensor], loss_fn, part_sizes: list[int] | None = None, num_microbatches: int = 1
+    ) -> dict[str, float]:
+        """``num_epochs`` x ``num_minibatches`` optimizer steps, then one LR step.
+
+        ``batch`` holds this rank's rows in (epoch, minibatch) order and ``part_sizes`` the size of
+        each part (``batch.update_rows``); None: ``batch`` is the whole batch of a single rank and
+        the rows are ordered here, the same way. Each part runs as ``num_microbatches`` forward /
+        backward passes (gradient accumulation, at most one per row; every rank must get the same
+        number; rows of similar length go together, ``batch.microbatch_rows``).
+        ``loss_fn(minibatch, num_tokens) -> (loss, {name: scalar})`` returns this rank's share of the
+        global-minibatch token mean (the stats too); the shares sum to the global value.
+        """
+        if part_sizes is None:
+            if self.ranks.num_dp > 1:
+                raise ValueError("a data-parallel update needs the caller's row order (batch.update_rows)")
+            rows, sizes = B.update_rows(
+                B.num_rows(batch),
+                self.ppo.num_epochs,
+                self.ppo.num_minibatches,
+                1,
+                B.update_seed(self.seed, self.num_updates),
+            )
+            batch, part_sizes = B.select(batch, rows[0]), sizes[0]
+        batch = _to_device(batch, self.ranks.device)
+        lr = self.optimizer.param_groups[0]["lr"]
+        sums: dict[str, Tensor] = {}
+        grad_norms = []
+        offset = 0
+        for size in part_sizes:
+            minibatch = {k: v[offset : offset + size] for k, v in batch.items()}
+            offset += size
+            grad_norms.append(self._step(minibatch, loss_fn, num_microbatches, sums))
+        self.scheduler.step()
+        self.num_updates += 1
+        out: dict[str, float] = {}
+        if sums:  # the last pipeline stage (or no pipeline) holds the losses and stats
+            names = sorted(sums)
+            totals = self.ranks.all_reduce_sum(torch.stack([sums[n] for n in names])).cpu() / len(part_sizes)
+            out = {name: float(v) for name, v in zip(names, totals)}
+        if self.ranks.pipeline is not None:
+            out = from_last_stage(out, self.ranks.pipeline)
+        out["grad_norm"] = float(torch.stack(grad_norms).mean())
+        out["lr"] = lr
+        return out
+
+    def _step(self, minibatch: Mapping[str, Tensor], loss_fn, num_microbatches: int, sums: dict[str, Tensor]) -> Tensor:
+        """One optimizer step on one minibatch in ``num_microbatches`` passes; adds the stats to
+        ``sums`` and returns the pre-clip gradient norm."""
+        num_tokens = self.ranks.all_reduce_sum(minibatch["response_mask"].sum().float())
+        micros = [B.trim_padding(B.select(minibatch, rows)) for rows in B.microbatch_rows(minibatch, num_microbatches)]
+        for loss, stats in self._forward_backward(micros, num_tokens, loss_fn):
+            for name, value in {"loss": loss.detach(), **stats}.items():
+                sums[name] = sums.get(name, 0.0) + value.detach().float()
+        pipe = self.ranks.pipeline
+        if pipe is not None:
+            sync_tied_grads(self.model, pipe)
+        grad_norm = _global_grad_norm_clip(self.model, self.ppo.max_grad_norm, pipe)
+        if torch.isfinite(grad_norm):
+            self.optimizer.step()
+        # else: skip the step so a NaN/inf never reaches the weights; the stats report it.
+        self.optimizer.zero_grad(set_to_none=True)
+        return grad_norm.detach().float().cpu()
+
+    def _forward_backward(
+        self, micros: list[dict[str, Tensor]], num_tokens: Tensor, loss_fn
+    ) -> list[tuple[Tensor, dict[str, Tensor]]]:
+        """Loss and backward of each micro-batch (through the stages with a pipeline: nothing to
+        return on stages before the last). FSDP averages gradients over dp ranks and our loss is
+        this rank's share of a sum, so the backward scales it by ``num_dp``."""
+        pipe = self.ranks.pipeline
+        if pipe is not None:
+            return train_microbatches(
+                self.model,
+                pipe,
+                micros,
+                lambda micro, hidden: loss_fn(micro, num_tokens, hidden),
+                self.ranks.num_dp,
+                self.ranks.autocast,
+            )
+        results = []
+        for micro in micros:
+            with self.ranks.autocast():
+                loss, stats = loss_fn(micro, num_tokens)
+            (loss * self.ranks.num_dp).backward()
+            results.append((loss, stats))
+        return results
+
+    def state_dict_extra(self) -> dict[str, Any]:
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        return {"scheduler": self.scheduler.state_dict(), "num_updates": self.num_updates, "rng": rng}
+
+    def load_state_dict_extra(self, state: dict[str, Any]) -> None:
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.num_updates = state["num_updates"]
+        torch.set_rng_state(state["rng"]["torch"])
+        random.setstate(state["rng"]["python"])
+        if "cuda" in state["rng"] and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["rng"]["cuda"])
+
+    def save(self, directory: str | Path) -> None:
+        """Model + optimizer via torch.distributed.checkpoint (sharded, each rank writes its own
+        shards; reloadable at another world size), plus per-rank scheduler/counter/RNG state."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        with _single_process_dcp_quiet():
+            dcp.save(
+                {"model": model_state, "optim": optim_state},
+                checkpoint_id=str(directory / "dcp"),
+                no_dist=not self.ranks.model_sharded,
+                process_group=self.ranks.model_group,
+            )
+        torch.save(self.state_dict_extra(), directory / f"extra_rank{self.ranks.model_rank}.pt")
+        self.ranks.barrier()  # the caller renames the directory once every rank has written
+
+    def load(self, directory: str | Path) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        directory = Path(directory)
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        state: dict[str, Any] = {"model": model_state, "optim": optim_state}
+        with _single_process_dcp_quiet():
+            dcp.load(
+                state,
+                checkpoint_id=str(directory / "dcp"),
+                no_dist=not self.ranks.model_sharded,
+                process_group=self.ranks.model_group,
+            )
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+        extra = directory / f"extra_rank{self.ranks.model_rank}.pt"
+        if not extra.exists():  # saved with another world size: rank 0's schedule is everyone's
+            extra = directory / "extra_rank0.pt"
+        self.load_state_dict_extra(torch.load(extra, weights_only=False))
+
+
+class PolicyShard:
+    """The actor: response logprobs, PPO-clip updates, SFT steps, weights for sync, checkpoints."""
+
+    def __init__(
+        self,
+        ranks: Ranks | None = None,
+        *,
+        model_dir: str,
+        dtype: str = "float32",
+        ppo: PPOConfig | None = None,
+        sft: SFTConfig | None = None,
+        num_iterations: int = 1,
+        seed: int = 0,
+        temperature: float = 1.0,
+        activation_checkpointing: bool = False,
+    ):
+        """``num_iterations`` sizes the LR schedule; ``temperature`` is the rollout sampler's, so
+        that logprobs are those of the distribution tokens were drawn from."""
+        from transformers import AutoModelForCausalLM
+
+        self.ranks = Ranks.of(ranks, dtype)
+        self.ppo = ppo or PPOConfig()
+        self.sft = sft or SFTConfig()
+        self.temperature = temperature
+        self.model_dir = model_dir
+        torch.manual_seed(seed)
+        model, _ = _load_model(AutoModelForCausalLM, model_dir, self.ranks)
+        if activation_checkpointing:
+            _checkpoint_activations(model)
+        self.model = _shard(model, self.ranks)
+        self.trainer = _Trainer(self.model, self.ranks, self.ppo, self.ppo.actor_lr, num_iterations, seed)
+        self._sft_optimizer: torch.optim.Optimizer | None = None
+        self._sft_scheduler: Any = None
+
+    def compute_logprobs(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
+        """log pi(a_t | s_t) of each response token of this rank's slice, [B, T] (0 on padding)."""
+        return _in_chunks(
+            lambda b: _response_logprobs(self.model, self.ranks, b, self.temperature), batch, num_microbatches
+        )
+
+    def _policy_loss(
+        self, minibatch: Mapping[str, Tensor], num_tokens: Tensor, hidden: Tensor | None = None
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        mask_BT = minibatch["response_mask"]
+        logits_BTV = response_logits(self.model, minibatch, hidden)
+        logprobs_BT = logprobs_from_logits(logits_BTV, B.response_tokens(minibatch), self.temperature)
+        loss, stats = policy_loss(
+            logprobs_BT, minibatch["old_logprobs"], minibatch["advantages"], mask_BT, self.ppo.clip_eps, num_tokens
+        )
+        # Entropy costs a softmax over the vocabulary: keep it out of the graph unless it is in the loss.
+        with torch.set_grad_enabled(self.ppo.entropy_coef != 0.0):
+            entropy = masked_sum(entropy_from_logits(logits_BTV, self.temperature), mask_BT) / num_tokens.clamp(min=1)
+        if self.ppo.entropy_coef != 0.0:
+            loss = loss - self.ppo.entropy_coef * entropy
+        return loss, {
+            "clip_frac": stats.clip_frac,
+            "approx_kl": stats.approx_kl,
+            "ratio": stats.ratio,
+            "entropy": entropy.detach(),
+        }
+
+    def update(
+        self, batch: Mapping[str, Tensor], part_sizes: list[int] | None = None, num_microbatches: int = 1
+    ) -> dict[str, float]:
+        """One PPO iteration on this rank's rows (keys: input_ids, attention_mask, [position_ids],
+        response_mask, old_logprobs, advantages; row order and ``part_sizes``: ``_Trainer.run``).
+        Returns global means over the optimizer steps: loss, entropy, clip_frac, approx_kl, ratio,
+        grad_norm (pre-clip), lr."""
+        return self.trainer.run(batch, self._policy_loss, part_sizes, num_microbatches)
+
+    def sft_step(self, batch: Mapping[str, Tensor]) -> float:
+        """One supervised step on the response tokens (the reference solutions); returns the global
+        mean NLL per response token. Uses its own AdamW at ``sft.lr`` on ``sft.lr_schedule``, not the PPO one.
+        The warm-up runs before the plan is deployed (``trainer/sft.py``), never on pipeline stages."""
+        if self.ranks.pipeline is not None:
+            raise ValueError("sft_step runs on a whole model, not on a pipeline stage")
+        if self._sft_optimizer is None:
+            self._sft_optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.sft.lr, weight_decay=0.0)
+            self._sft_scheduler = build_lr_scheduler(
+                self._sft_optimizer,
+                self.sft.lr_schedule,
+                self.sft.num_warmup_steps,
+                max(self.sft.num_steps, 1),
+                self.sft.lr_floor,
+            )
+        batch = _to_device(batch, self.ranks.device)
+        mask_BT = batch["response_mask"]
+        num_tokens = self.ranks.all_reduce_sum(mask_BT.sum().float())
+        with self.ranks.autocast():
+            logprobs_BT = logprobs_from_logits(response_logits(self.model, batch), B.response_tokens(batch))
+            loss = -masked_sum(logprobs_BT, mask_BT) / num_tokens.clamp(min=1)
+        (loss * self.ranks.num_dp).backward()
+        _global_grad_norm_clip(self.model, self.ppo.max_grad_norm)
+        self._sft_optimizer.step()
+        self._sft_scheduler.step()
+        self._sft_optimizer.zero_grad(set_to_none=True)
+        return float(self.ranks.all_reduce_sum(loss.detach()).cpu())
+
+    def state_dict_for_sync(self) -> dict[str, Tensor] | None:
+        """Full HF-named weights in the compute dtype, on CPU, on rank 0 (None elsewhere).
+
+        Collective: every rank must call it. Tied embeddings appear under both names
+        (``model.embed_tokens.weight`` and ``lm_head.weight``), as ``model.state_dict()`` has them.
+        """
+        return _full_state_dict(self.model, self.ranks)
+
+    def save_pretrained(self, directory: str | Path) -> None:
+        """Write an HF model directory (weights in float32 + config + the tokenizer) from rank 0."""
+        state = _full_state_dict(self.model, self.ranks, dtype=torch.float32)
+        if state is not None:
+            from transformers import AutoTokenizer, PreTrainedModel
+
+            if not isinstance(self.model, PreTrainedModel):
+                raise TypeError(f"{type(self.model).__name__} is not a transformers PreTrainedModel; cannot save it")
+            self.model.save_pretrained(directory, state_dict=state)
+            AutoTokenizer.from_pretrained(self.model_dir).save_pretrained(directory)
+        self.ranks.barrier()
+
+    def save_checkpoint(self, directory: str | Path) -> None:
+        """Model, optimizer, LR schedule, update counter and RNG into ``directory`` (collective)."""
+        self.trainer.save(directory)
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        self.trainer.load(directory)
+
+
+class CriticShard:
+    """The value model: the policy's backbone with a fresh, zero-initialized scalar head.
+
+    Built as ``AutoModelForTokenClassification(num_labels=1)`` from a causal-LM directory: the
+    backbone weights load, the LM head is ignored, and the missing ``score`` head starts at 0 so
+    that the first iteration's advantages are plain reward-to-go.
+    """
+
+    def __init__(
+        self,
+        ranks: Ranks | None = None,
+        *,
+        model_dir: str,
+        dtype: str = "float32",
+        ppo: PPOConfig | None = None,
+        num_iterations: int = 1,
+        seed: int = 0,
+        activation_checkpointing: bool = False,
+    ):
+        from transformers import AutoConfig, AutoModelForTokenClassification
+
+        self.ranks = Ranks.of(ranks, dtype)
+        self.ppo = ppo or PPOConfig()
+        torch.manual_seed(seed)
+        config = AutoConfig.from_pretrained(model_dir, num_labels=1, classifier_dropout=0.0)
+        model, missing = _load_model(AutoModelForTokenClassification, model_dir, self.ranks, config=config)
+        if activation_checkpointing:
+            _checkpoint_activations(model)
+        head = getattr(model, "score", None)
+        if not isinstance(head, nn.Linear):
+            raise TypeError(f"{type(model).__name__} has no `score` value head; cannot build a critic from {model_dir}")
+        if any(name.startswith("score.") for name in missing):
+            with torch.no_grad():
+                head.weight.zero_()
+                if head.bias is not None:
+                    head.bias.zero_()
+        self.model = _shard(model, self.ranks)
+        self.trainer = _Trainer(self.model, self.ranks, self.ppo, self.ppo.critic_lr, num_iterations, seed)
+
+    def compute_values(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
+        """V(s_t) for each response token of this rank's slice, [B, T] (0 on padding)."""
+        return _in_chunks(self._values, batch, num_microbatches)
+
+    def _values(self, batch: Mapping[str, Tensor]) -> Tensor:
+        T = batch["response_mask"].shape[1]
+        batch = _to_device(B.trim_padding(batch), self.ranks.device)
+        with torch.no_grad(), self.ranks.autocast():
+            hidden = _pipeline_inputs(self.model, self.ranks, batch)
+            if self.ranks.pipeline is not None and not self.ranks.pipeline.is_last:
+                return torch.zeros(batch["input_ids"].shape[0], T)  # the last stage reports
+            values_BT = response_values(self.model, batch, hidden)
+        return B.pad_response_columns((values_BT * batch["response_mask"]).cpu(), T)
+
+    def _value_loss(
+        self,
+        minibatch: Mapping[str, Tensor],
+        num_tokens: Tensor,
+        clip_range: float | None,
+        hidden: Tensor | None = None,
+    ) -> tuple[Tensor, dict[str, Tensor]]:
+        values_BT = response_values(self.model, minibatch, hidden)
+        loss, stats = value_loss(
+            values_BT,
+            minibatch["values"],
+            minibatch["returns"],
+            minibatch["response_mask"],
+            clip_range,
+            num_tokens,
+        )
+        return loss, {"clip_frac": stats.clip_frac, "values": stats.values}
+
+    def update(
+        self, batch: Mapping[str, Tensor], part_sizes: list[int] | None = None, num_microbatches: int = 1
+    ) -> dict[str, float]:
+        """One iteration of (clipped) value regression on this rank's rows (keys: input_ids,
+        attention_mask, [position_ids], response_mask, values, returns; row order and
+        ``part_sizes``: ``_Trainer.run``). Returns global means: loss, clip_frac, values, grad_norm
+        (pre-clip), lr, and clip_range (-1: no clipping)."""
+        # The rows arrive once per epoch (batch.update_rows): every row equally often, so the
+        # statistics of the returns are those of the batch.
+        clip_range = value_clip_range(
+            batch["returns"],
+            batch["response_mask"],
+            self.ppo.value_clip_eps,
+            self.ppo.value_clip.value,
+            self.ranks.all_reduce_sum,
+        )
+        stats = self.trainer.run(
+            batch,
+            lambda minibatch, num_tokens, hidden=None: self._value_loss(minibatch, num_tokens, clip_range, hidden),
+            part_sizes,
+            num_microbatches,
+        )
+        return {**stats, "clip_range": -1.0 if clip_range is None else clip_range}
+
+    def save_checkpoint(self, directory: str | Path) -> None:
+        self.trainer.save(directory)
+
+    def load_checkpoint(self, directory: str | Path) -> None:
+        self.trainer.load(directory)
+
+
+class ReferenceShard:
+    """The frozen reference policy: logprobs only. Loaded and sharded exactly like the policy, so
+    that KL(pi || pi_ref) is 0 before the first update whatever the compute dtype."""
+
+    def __init__(
+        self,
+        ranks: Ranks | None = None,
+        *,
+        model_dir: str,
+        dtype: str = "float32",
+        seed: int = 0,
+        temperature: float = 1.0,
+        offload: bool = False,
+    ):
+        """``offload``: the weights wait in CPU memory between calls (the device is the ranks'
+        device; on CPU this changes nothing)."""
+        from transformers import AutoModelForCausalLM
+
+        self.ranks = Ranks.of(ranks, dtype)
+        self.temperature = temperature
+        self.offload = offload and not self.ranks.sharded  # FSDP shards stay where FSDP put them
+        torch.manual_seed(seed)
+        model, _ = _load_model(AutoModelForCausalLM, model_dir, self.ranks)
+        model.requires_grad_(False)
+        self.model = _shard(model, self.ranks)
+        if self.offload:
+            self.model.to("cpu")
+
+    def compute_logprobs(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
+        """log pi_ref(a_t | s_t) of each response token of this rank's slice, [B, T] (0 on padding)."""
+        if self.offload:
+            self.model.to(self.ranks.device)
+        try:
+            return _in_chunks(
+                lambda b: _response_logprobs(self.model, self.ranks, b, self.temperature), batch, num_microbatches
+            )
+        finally:
+            if self.offload:
+                self.model.to("cpu")
+
+
+def _full_state_dict(model: nn.Module, ranks: Ranks, dtype: torch.dtype | None = None) -> dict[str, Tensor] | None:
+    """Unsharded, HF-named CPU state dict on the group's first rank (None on the others); collective
+    over the model's group when sharded.
+
+    Goes through the reallocation core (``reallocation.sync.iter_full_weights``): the first rank
+    keeps its own FSDP shards and receives only the rest, bucket by bucket, instead of every rank
+    all-gathering every parameter. Tied weights appear under both names, as in ``state_dict()``.
+    """
+    from reallocation.sync import clean_name, drain, iter_full_weights
+
+    dtype = dtype or ranks.compute_dtype
+    if ranks.model_sharded:
+        weights = iter_full_weights(model, dst_rank=ranks.first_global_rank, dtype=dtype, group=ranks.model_group)
+    else:  # one rank (maybe inside a larger world): nothing to move
+        weights = ((clean_name(n), p) for n, p in model.named_parameters())
+    if ranks.model_rank != 0:
+        drain(weights)
+        return None
+    state = {name: tensor.detach().to("cpu", dtype).clone() for name, tensor in weights}
+    if ranks.pipeline is not None and shares_embedding(model):  # the first stage's head is a pass-through
+        state.setdefault("lm_head.weight", state["model.embed_tokens.weight"])
+    # named_parameters() lists a tied parameter once; the HF state dict has it under every name.
+    names_by_param: dict[int, list[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_by_param.setdefault(id(param), []).append(clean_name(name))
+    for names in names_by_param.values():
+        held = next((n for n in names if n in state), None)
+        if held is not None:
+            for name in names:
+                state.setdefault(name, state[held])
+    return state

@@ -1,0 +1,19 @@
+"""What a Ray worker's environment is made of (common/env.py, runtime/placement.py)."""
+
+from __future__ import annotations
+
+from runtime.placement import _actor_env
+
+
+def test_workers_draw_no_progress_bars_and_inherit_the_driver_keys(monkeypatch):
+    monkeypatch.setenv("REALM_CACHE_DIR", "/shared/cache")
+    monkeypatch.delenv("HF_HUB_DISABLE_PROGRESS_BARS", raising=False)
+    env = _actor_env("10.0.0.1")
+    # A bar redrawn with "\r" in a worker would interleave with the driver's lines in its terminal.
+    assert env["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    assert env["REALM_CACHE_DIR"] == "/shared/cache" and env["MASTER_ADDR"] == "10.0.0.1"
+
+
+def test_a_users_explicit_setting_wins(monkeypatch):
+    monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")
+    assert _actor_env("127.0.0.1")["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"

@@ -1,0 +1,133 @@
+"""Calibration profile: interpolation worked by hand, file errors, the estimator reading a profile,
+and (slow) predicted vs measured calls on 1/2/4 gloo ranks; (gpu) the CUDA profiler."""
+
+import json
+
+import pytest
+
+from planning.estimator import Workload, call_seconds, hardware
+from planning.execution_plan import CallAllocation
+from planning.profile import Profile, _shape_key, check, measure, spearman
+from planning.shapes import named_spec
+
+TINY = named_spec("tiny")
+
+
+def hand_profile() -> Profile:
+    key = _shape_key(TINY)
+    rows = [
+        {"op": "train", "shape": key, "tp": 1, "tokens": 100, "context": 0, "seconds": 1.0},
+        {"op": "train", "shape": key, "tp": 1, "tokens": 300, "context": 0, "seconds": 2.0},
+        {"op": "forward", "shape": key, "tp": 1, "tokens": 100, "context": 0, "seconds": 0.25},
+        {"op": "forward", "shape": key, "tp": 1, "tokens": 300, "context": 0, "seconds": 0.2},  # noisy: raised to 0.25
+        {"op": "head_train", "shape": key, "tp": 1, "tokens": 100, "context": 0, "seconds": 0.5},
+        {"op": "head_forward", "shape": key, "tp": 1, "tokens": 100, "context": 0, "seconds": 0.125},
+        {"op": "optimizer", "shape": key, "tp": 1, "tokens": 0, "context": 0, "seconds": 0.01},
+        {"op": "decode", "shape": key, "tp": 1, "tokens": 4, "context": 64, "seconds": 0.002},
+    ]
+    fields = {k: getattr(TINY, k) for k in TINY.__dataclass_fields__}
+    return Profile("hand-made", rows, {key: fields})
+
+
+def test_interpolation_worked_by_hand():
+    p = hand_profile()
+    assert p.seconds("train", TINY, tokens=200) == pytest.approx(1.5)  # halfway between 1.0 and 2.0
+    assert p.seconds("train", TINY, tokens=600) == pytest.approx(4.0)  # proportional past the grid
+    assert p.seconds("train", TINY, tokens=10) == pytest.approx(1.0)  # no faster below the grid
+    assert p.seconds("forward", TINY, tokens=300) == pytest.approx(0.25)  # monotone in tokens
+    assert p.seconds("train", TINY, tokens=200, tp=2) == pytest.approx(0.75)  # tp 2 not measured: FLOPs / 2
+    assert p.seconds("decode", TINY, tokens=4, context=128) == pytest.approx(0.004)  # longer cache, linear
+    # A shape not measured scales by per-token layer FLOPs: 7B's layer over tiny's.
+    ratio = (2 * 4096 * 128 * 64 + 3 * 4096 * 11008) / (128 * 64 * 6 + 3 * 128 * 384)
+    assert p.seconds("train", named_spec("llama-2-7b"), tokens=200) == pytest.approx(1.5 * ratio)
+
+
+def test_estimator_composes_the_profile():
+    p = hand_profile()
+    hw = hardware("cpu", 1, 4, p)
+    w = Workload(TINY, TINY, None, batch=2, prompt_len=100, gen_len=0)
+    one = CallAllocation((0,))
+    # Training 200 tokens on one rank: 2 layers x 1.5 s + head 2 x 0.5 s (past its one grid point:
+    # proportional) + 2 x 0.01 s Adam.
+    assert call_seconds("actor_train", TINY, one, w, hw) == pytest.approx(2 * 1.5 + 1.0 + 2 * 0.01)
+    # Inference on 2 data-parallel ranks: 100 tokens each, 2 x 0.25 + 0.125, no communication.
+    assert call_seconds("ref_inf", TINY, CallAllocation((0, 1), dp=2), w, hw) == pytest.approx(2 * 0.25 + 0.125)
+
+
+def test_profile_file_errors_name_the_problem(tmp_path):
+    path = tmp_path / "p.json"
+    hand_profile().save(path)
+    assert Profile.load(path).entries == hand_profile().entries
+    data = json.loads(path.read_text())
+    data["entries"][0]["op"] = "backward"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=r"p.json: entries\[0\] .* unknown op 'backward'"):
+        Profile.load(path)
+    path.write_text("{}")
+    with pytest.raises(ValueError, match="missing key 'device'"):
+        Profile.load(path)
+
+
+def test_spearman_worked_examples():
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    # One swapped neighbour pair out of 4: 1 - 6 * 2 / (4 * 15) = 0.8.
+    assert spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)
+
+
+def test_measure_tiny_on_cpu_gives_every_op():
+    p = measure(
+        {"tiny": TINY}, device="cpu", grid=dict(batches=(1,), seqs=(8,), contexts=(16,), tps=(1,)), progress=False
+    )
+    assert {r["op"] for r in p.entries} == {"forward", "train", "optimizer", "decode", "head_forward", "head_train"}
+    assert all(r["seconds"] > 0 for r in p.entries)
+
+
+@pytest.mark.slow
+def test_predicted_vs_measured_calls_rank_correlate(tmp_path):
+    import torch
+
+    torch.set_num_threads(1)
+    profile = measure(
+        {m: named_spec(m) for m in ("tiny", "smollm2-135m")},
+        device="cpu",
+        grid=dict(batches=(1, 4), seqs=(16, 64), contexts=(32,), tps=(1,)),
+        progress=False,
+    )
+    result = check(profile, progress=False)
+    assert len(result["rows"]) >= 8
+    print(f"spearman {result['spearman']:.2f}, median relative error {result['median_relative_error']:.0%}")
+    assert result["spearman"] >= 0.8
+
+
+@pytest.mark.gpu
+def test_cuda_profile(tmp_path):
+    import torch
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    p = measure(
+        {"qwen2.5-math-1.5b": named_spec("qwen2.5-math-1.5b")},
+        device="cuda",
+        grid=dict(batches=(1, 8), seqs=(128,), contexts=(256,), tps=(1, 2)),
+        progress=False,
+    )
+    p.save(tmp_path / "p.json")
+    assert "bfloat16" in p.device and all(r["seconds"] > 0 for r in p.entries)
+    spec = named_spec("qwen2.5-math-1.5b")
+    assert p.seconds("train", spec, tokens=1024) > p.seconds("forward", spec, tokens=1024)
+
+
+def test_search_uses_the_profile_it_is_given():
+    from planning.search import search
+
+    w = Workload(TINY, TINY, None, batch=8, prompt_len=100, gen_len=4)
+    analytic = search(w, hardware("cpu", 1, 2), seconds_budget=1).cost
+    measured = search(w, hardware("cpu", 1, 2, hand_profile()), seconds_budget=1).cost
+    # Same workload and cluster shape, different cost source: the caches must not mix them.
+    assert measured.call_seconds["actor_train"] != pytest.approx(analytic.call_seconds["actor_train"])
+
+
+def test_measure_takes_the_one_dtype_table():
+    with pytest.raises(ValueError, match=r"dtype='fp8': expected float32, bfloat16 or float16"):
+        measure({}, device="cpu", grid={}, dtype="fp8", progress=False)

@@ -1,0 +1,148 @@
+"""PPO-clip, clipped value loss, logprobs and entropy: the four clipping cases worked out by hand."""
+
+import math
+
+import pytest
+import torch
+
+from ppo.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_clip_range, value_loss
+
+
+def test_policy_loss_four_clipping_cases():
+    # clip_eps = 0.2, old logprobs 0, so r = exp(logprob):
+    #   A = +1, r = 1.5: max(-1.5, -1.2) = -1.2   clipped (no incentive to push r higher)
+    #   A = +1, r = 0.5: max(-0.5, -0.8) = -0.5   unclipped
+    #   A = -1, r = 1.5: max( 1.5,  1.2) =  1.5   unclipped
+    #   A = -1, r = 0.5: max( 0.5,  0.8) =  0.8   clipped
+    # loss = (-1.2 - 0.5 + 1.5 + 0.8) / 4 = 0.15; clip_frac = 2 / 4
+    logprobs = torch.log(torch.tensor([[1.5, 0.5, 1.5, 0.5]])).requires_grad_()
+    advantages = torch.tensor([[1.0, 1.0, -1.0, -1.0]])
+    mask = torch.ones(1, 4)
+    loss, stats = policy_loss(logprobs, torch.zeros(1, 4), advantages, mask, clip_eps=0.2)
+    assert loss.item() == pytest.approx(0.15)
+    assert stats.clip_frac.item() == pytest.approx(0.5)
+    # k3: (r - 1) - log r = 0.5 - log 1.5 and -0.5 - log 0.5
+    expected_kl = ((0.5 - math.log(1.5)) + (-0.5 - math.log(0.5))) / 2
+    assert stats.approx_kl.item() == pytest.approx(expected_kl)
+    assert stats.ratio.item() == pytest.approx(1.0)
+    loss.backward()
+    # d/dlogp of -A * r is -A * r / 4 for unclipped tokens; clipped tokens get no gradient
+    torch.testing.assert_close(logprobs.grad, torch.tensor([[0.0, -0.5 / 4, 1.5 / 4, 0.0]]))
+
+
+def test_policy_loss_ignores_padding_and_splits_over_ranks():
+    torch.manual_seed(0)
+    logprobs, old, adv = torch.randn(4, 5), torch.randn(4, 5), torch.randn(4, 5)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 0, 0]]).float()
+    full, full_stats = policy_loss(logprobs, old, adv, mask, clip_eps=0.2)
+    # junk on padding changes nothing
+    junk = torch.where(mask.bool(), logprobs, torch.full_like(logprobs, 50.0))
+    torch.testing.assert_close(policy_loss(junk, old, adv, mask, clip_eps=0.2)[0], full)
+    # two "ranks" with the global token count as denominator sum to the full loss and stats
+    num_tokens = mask.sum()
+    halves = [policy_loss(logprobs[s], old[s], adv[s], mask[s], 0.2, num_tokens) for s in (slice(0, 2), slice(2, 4))]
+    torch.testing.assert_close(halves[0][0] + halves[1][0], full)
+    torch.testing.assert_close(halves[0][1].clip_frac + halves[1][1].clip_frac, full_stats.clip_frac)
+
+
+def test_value_loss_clipping_by_hand():
+    # clip_eps = 0.2, V_old = 0:
+    #   V =  0.5, R = 1:   unclipped (0.5)^2 = 0.25, clipped V 0.2 -> (0.8)^2 = 0.64   -> 0.64 (clipped)
+    #   V =  0.1, R = 0.5: inside the clip range, both 0.16                            -> 0.16
+    #   V = -0.5, R = 1:   unclipped (1.5)^2 = 2.25, clipped V -0.2 -> (1.2)^2 = 1.44  -> 2.25
+    # loss = 0.5 * (0.64 + 0.16 + 2.25) / 3 = 0.508333...; clip_frac = 1 / 3
+    values = torch.tensor([[0.5, 0.1, -0.5]])
+    returns = torch.tensor([[1.0, 0.5, 1.0]])
+    loss, stats = value_loss(values, torch.zeros(1, 3), returns, torch.ones(1, 3), clip_eps=0.2)
+    assert loss.item() == pytest.approx(0.5 * 3.05 / 3)
+    assert stats.clip_frac.item() == pytest.approx(1 / 3)
+    assert stats.values.item() == pytest.approx(0.1 / 3)
+
+
+def test_logprobs_from_logits_with_temperature():
+    logits = torch.tensor([[[0.0, math.log(3.0)]]])  # p = [1/4, 3/4]
+    tokens = torch.tensor([[1]])
+    assert logprobs_from_logits(logits, tokens).item() == pytest.approx(math.log(0.75))
+    # temperature 2 halves the logits: p_1 = sqrt(3) / (1 + sqrt(3))
+    expected = math.log(math.sqrt(3) / (1 + math.sqrt(3)))
+    assert logprobs_from_logits(logits, tokens, temperature=2.0).item() == pytest.approx(expected)
+
+
+def test_entropy_from_logits():
+    uniform = torch.zeros(1, 1, 4)
+    assert entropy_from_logits(uniform).item() == pytest.approx(math.log(4))
+    peaked = torch.tensor([[[0.0, -1e4, -1e4]]])
+    assert entropy_from_logits(peaked).item() == pytest.approx(0.0, abs=1e-6)
+    # p = [1/4, 3/4]: H = -(0.25 ln 0.25 + 0.75 ln 0.75)
+    two = torch.tensor([[[0.0, math.log(3.0)]]])
+    assert entropy_from_logits(two).item() == pytest.approx(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))
+
+
+def test_entropy_uses_the_sampling_temperature():
+    # p = [1/4, 3/4] at temperature 1; at temperature 2 the logits halve: p = [1, sqrt 3] / (1 + sqrt 3)
+    two = torch.tensor([[[0.0, math.log(3.0)]]])
+    p = math.sqrt(3) / (1 + math.sqrt(3))
+    expected = -(p * math.log(p) + (1 - p) * math.log(1 - p))
+    assert entropy_from_logits(two, temperature=2.0).item() == pytest.approx(expected)
+    # and it is the entropy of the distribution logprobs_from_logits scores at that temperature
+    logprobs = logprobs_from_logits(two.expand(1, 2, 2), torch.tensor([[0, 1]]), temperature=2.0)
+    assert entropy_from_logits(two, temperature=2.0).item() == pytest.approx(-(logprobs.exp() * logprobs).sum().item())
+
+
+def test_value_loss_without_clipping_is_plain_regression():
+    # same numbers as the clipped case: 0.5 * (0.25 + 0.16 + 2.25) / 3, nothing clipped
+    values = torch.tensor([[0.5, 0.1, -0.5]], requires_grad=True)
+    returns = torch.tensor([[1.0, 0.5, 1.0]])
+    loss, stats = value_loss(values, torch.zeros(1, 3), returns, torch.ones(1, 3), clip_eps=None)
+    assert loss.item() == pytest.approx(0.5 * 2.66 / 3)
+    assert stats.clip_frac.item() == 0.0
+    loss.backward()
+    torch.testing.assert_close(values.grad, (values - returns).detach() / 3)
+
+
+def test_raw_value_clip_stalls_a_zero_critic_on_large_returns_and_return_std_scales_with_them():
+    # A zero-initialised head and raw-PRM-sized returns (3.0): once V has moved 0.2 the clipped
+    # error is the larger one and the gradient is exactly 0, however far V still is from R.
+    returns = torch.full((1, 2), 3.0)
+    values = torch.tensor([[0.25, 0.1]], requires_grad=True)
+    loss, stats = value_loss(values, torch.zeros(1, 2), returns, torch.ones(1, 2), clip_eps=0.2)
+    loss.backward()
+    assert values.grad[0, 0].item() == 0.0 and values.grad[0, 1].item() < 0
+    assert stats.clip_frac.item() == pytest.approx(0.5)
+    # return_std: the range is eps * std(R over real tokens), so it scales with the reward
+    returns = torch.tensor([[1.0, 2.0, 9.0], [3.0, 4.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])  # padding (9) is left out
+    assert value_clip_range(returns, mask, 0.5, "return_std") == pytest.approx(0.5 * math.sqrt(1.25))
+    assert value_clip_range(10 * returns, mask, 0.5, "return_std") == pytest.approx(5 * math.sqrt(1.25))
+    assert value_clip_range(returns, mask, 0.5, "raw") == 0.5
+    assert value_clip_range(returns, mask, 0.5, "none") is None
+    # two data-parallel halves, summed, give the range of the whole batch
+    halves = [(returns[:1], mask[:1]), (returns[1:], mask[1:])]
+
+    def fake_all_reduce(moments):  # this half's moments plus the other half's
+        other = [r for r in halves if r[0] is not current[0]][0]
+        r, m = other[0].double(), other[1].double()
+        return moments + torch.stack([m.sum(), (r * m).sum(), (r * r * m).sum()])
+
+    for current in halves:
+        assert value_clip_range(*current, 0.5, "return_std", fake_all_reduce) == pytest.approx(0.5 * math.sqrt(1.25))
+    with pytest.raises(ValueError, match="value_clip"):
+        value_clip_range(returns, mask, 0.5, "rawr")
+
+
+def test_logsumexp_in_row_blocks_equals_one_call_values_and_gradients(monkeypatch):
+    import ppo.losses as L
+
+    torch.manual_seed(0)
+    logits = torch.randn(5, 3, 7, dtype=torch.float64, requires_grad=True)
+    whole = torch.logsumexp(logits, dim=-1)
+    (grad_whole,) = torch.autograd.grad(whole.sum(), logits)
+    monkeypatch.setattr(L, "LOGSUMEXP_BLOCK_ELEMENTS", 2 * 3 * 7)  # blocks of 2 rows: 2 + 2 + 1
+    block_rows = []
+    one_call = torch.logsumexp
+    monkeypatch.setattr(torch, "logsumexp", lambda x, dim: block_rows.append(x.shape[0]) or one_call(x, dim=dim))
+    blocks = L.logsumexp_in_row_blocks(logits)
+    assert block_rows == [2, 2, 1]
+    (grad_blocks,) = torch.autograd.grad(blocks.sum(), logits)
+    assert torch.equal(blocks, whole) and torch.equal(grad_blocks, grad_whole)
+    assert L.logprobs_from_logits(logits, torch.zeros(5, 3, dtype=torch.long)).shape == (5, 3)

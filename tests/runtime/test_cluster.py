@@ -1,0 +1,229 @@
+"""The plan runtime on a simulated GPU cluster: 2 Ray nodes x 4 declared GPUs on this CPU machine
+(``ray.cluster_utils``), workers on CPU tensors over gloo.
+
+- placement: one placement group, one worker per device on the node and GPU its plan names
+  (checked from inside each actor), a companion (the vLLM engine's process) beside its device, and
+  a plan that needs more devices than exist failing at once with both counts;
+- two PPO iterations through ``train.py`` with a PRM (Clip-Delta) under three plans (the heuristic
+  one; one with disjoint reference / reward / critic inference meshes, reference and critic
+  inference each a 2-stage pipeline, reward inference 2 replicas, and 2 generation replicas beside
+  4-way FSDP actor training and the critic trained in 2 stages of 2 FSDP ranks; a
+  tensor-parallel one: the actor trained in 2 stages of TP 2, the critic as 2 FSDP x 2 TP, the PRM
+  in 2 stages of TP 2, generation by one vLLM engine of 2 stages of TP 2): bytes moved
+  equal the lower bound, every call has its start/end, the timeline picture exists, and all three
+  give the same losses and metrics (placement must not change the math; tolerance below).
+
+Not slow-marked: the default suite runs them (about 8 minutes on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime.placement import PlacementError, assign_devices
+
+ROOT = Path(__file__).resolve().parents[2]
+NUM_NODES, GPUS_PER_NODE = 2, 4
+# The plans run the same math in different float reduction orders (FSDP over 1 vs 4 ranks, TP
+# all-reduces): measured differences are ~1e-7 relative; 1e-4 leaves room and still catches any real
+# change. Values near zero get an absolute tolerance instead: advantages are whitened, and when
+# nearly every sample succeeds (iteration 1 here) their spread is small, so 1e-8 differences in the
+# PRM's scores (TP 2 against one device) came back as 4e-6 in the actor loss and advantage mean.
+REL_TOLERANCE, ABS_TOLERANCE = 1e-4, 1e-5
+
+
+def test_assign_devices_pairs_plan_nodes_with_ray_nodes():
+    # Bundles 0-3 landed on node "b" (GPUs 3, 2, 1, 0), bundles 4-7 on node "a" (GPUs 0..3).
+    locations = [("b", (3,)), ("b", (2,)), ("b", (1,)), ("b", (0,)), ("a", (0,)), ("a", (1,)), ("a", (2,)), ("a", (3,))]
+    got = assign_devices(range(8), 4, locations)
+    assert got == {0: 3, 1: 2, 2: 1, 3: 0, 4: 4, 5: 5, 6: 6, 7: 7}
+    # A 3 + 1 plan cannot use bundles that landed 2 + 2.
+    with pytest.raises(PlacementError, match=r"plan devices per node \[1, 3\] do not match .* \[2, 2\]"):
+        assign_devices([0, 1, 2, 4], 4, locations[:1] + locations[2:3] + locations[4:6])
+
+
+class _Probe:
+    """A stand-in companion: reports where it runs (the real engine is exercised by train.py below)."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+
+    def hello(self) -> str:
+        return self.tag
+
+
+@pytest.fixture(scope="module")
+def cluster_address():
+    from runtime.placement import SimulatedCluster
+
+    with SimulatedCluster(NUM_NODES, GPUS_PER_NODE) as address:
+        yield address
+
+
+def test_device_pool_places_each_device_on_its_node_and_gpu(cluster_address):
+    from runtime.placement import RayCluster, wait
+
+    cluster = RayCluster.start(cluster_address)
+    try:
+        assert cluster.device_resource() == ("GPU", NUM_NODES * GPUS_PER_NODE)
+        with pytest.raises(PlacementError, match="the execution plan needs 9 devices, the cluster has 8"):
+            cluster.device_pool(range(9), GPUS_PER_NODE, timeout_s=5)
+        pool = cluster.device_pool(range(8), GPUS_PER_NODE, timeout_s=60)
+        where = pool.where()
+        assert [where[d]["gpu_ids"] for d in range(8)] == [[d % GPUS_PER_NODE] for d in range(8)]
+        nodes = [where[d]["node_id"] for d in range(8)]
+        assert len(set(nodes[:4])) == 1 and len(set(nodes[4:])) == 1 and nodes[0] != nodes[4]
+        assert len({where[d]["pid"] for d in range(8)}) == 8  # one process per device
+        pool.add_companions("probe", [5], _Probe, {"tag": "beside device 5"})  # checks its place itself
+        assert wait([pool.submit_companion("probe", 5, "hello")])[0][0] == "beside device 5"
+        pool.shutdown()
+    finally:
+        cluster.shutdown()
+
+
+def _train(address: str, run_dir: Path, *overrides: str) -> list[dict]:
+    args = [
+        sys.executable,
+        "train.py",
+        f"cluster.address={address}",
+        f"cluster.num_nodes={NUM_NODES}",
+        # 600 fixed SFT steps: some samples succeed, so advantages, losses and the
+        # updates are not zero and the comparison below means something.
+        f"cluster.devices_per_node={GPUS_PER_NODE}",
+        "run.num_iterations=2",
+        "sft.num_steps=600",
+        "sft.target_success=0",
+        "rollout.num_prompts=8",
+        "rollout.num_samples_per_prompt=2",
+        "rollout.max_new_tokens=48",
+        "data.synthetic_num_train=64",
+        "data.synthetic_num_heldout=8",
+        "run.eval_every=0",
+        "run.num_heldout_samples=0",
+        "ppo.num_minibatches=2",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
+    ]
+    env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
+    proc = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# What placement must not change (the metrics of each iteration).
+COMPARED = [
+    "reward/success",
+    "reward/learned",
+    "reward/step_score",
+    "reward/eta",
+    "response/length",
+    "kl/mean",
+    "actor/loss",
+    "actor/clip_frac",
+    "actor/grad_norm",
+    "critic/loss",
+    "critic/grad_norm",
+    "advantages/mean",
+    "returns/mean",
+]
+
+DISJOINT_INFERENCE = """\
+num_nodes: 2
+gpus_per_node: 4
+source: test-disjoint-inference
+calls:
+  actor_gen: {devices: [0, 1], dp: 2}
+  actor_train: {devices: [0, 1, 2, 3], dp: 4}
+  critic_train: {devices: [4, 5, 6, 7], pp: 2, dp: 2}
+  critic_inf: {devices: [6, 7], pp: 2}
+  ref_inf: {devices: [4, 5], pp: 2}
+  rew_inf: {devices: [2, 3], dp: 2}
+"""
+
+
+TENSOR_PARALLEL = """\
+num_nodes: 2
+gpus_per_node: 4
+source: test-tensor-parallel
+calls:
+  actor_gen: {devices: [0, 1, 2, 3], pp: 2, tp: 2}
+  actor_train: {devices: [0, 1, 2, 3], pp: 2, tp: 2}
+  critic_train: {devices: [4, 5, 6, 7], dp: 2, tp: 2}
+  critic_inf: {devices: [4, 5, 6, 7], dp: 4}
+  ref_inf: {devices: [6, 7], tp: 2}
+  rew_inf: {devices: [4, 5, 6, 7], pp: 2, tp: 2}
+"""
+# Training TP shards k/v by head: the tiny model with 2 kv heads (the default has 1).
+KV2 = "model.tiny.num_kv_heads=2"
+
+
+def _check_run(name: str, run_dir: Path, rows: list[dict]) -> None:
+    """What every plan's run must show: both iterations, every device on the GPU its plan names,
+    the plan and timeline files, every call's span, and reallocations moving their lower bounds."""
+    assert [r["iteration"] for r in rows] == [0, 1, 2], name
+    placement = json.loads((run_dir / "placement.json").read_text())
+    for device, info in placement.items():
+        assert info["gpu_ids"] == [int(device) % GPUS_PER_NODE], (name, device, info)
+    assert (run_dir / "timeline.png").exists() and (run_dir / "plan.yaml").exists()
+    for row in rows[1:]:
+        for call in ("actor_gen", "actor_inf", "ref_inf", "critic_inf", "actor_train", "critic_train"):
+            assert row[f"call/{call}/start_s"] <= row[f"call/{call}/end_s"], (name, call)
+        for model in ("actor", "critic"):
+            if f"realloc/{model}/bytes_moved" in row:
+                assert row[f"realloc/{model}/bytes_moved"] == row[f"realloc/{model}/lower_bound_bytes"], (name, model)
+    assert all(0 < r["reward/success"] for r in rows[1:]) and any(r["actor/loss"] != 0 for r in rows[1:]), name
+
+
+@pytest.fixture(scope="module")
+def prm_dir(tiny_kv2_model_dir, tmp_path_factory):
+    """A value-head PRM on the tiny backbone with 2 kv heads (so it shards over TP 2): a fresh
+    seeded head, no training; its scores are what they are, the same under every plan."""
+    import torch
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    out = tmp_path_factory.mktemp("prm")
+    torch.manual_seed(0)
+    AutoModelForTokenClassification.from_pretrained(tiny_kv2_model_dir, num_labels=1).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_kv2_model_dir).save_pretrained(out)
+    return out
+
+
+def test_three_plans_train_the_same_on_a_simulated_two_node_cluster(cluster_address, prm_dir, tmp_path):
+    """Two PPO iterations through train.py with a PRM under Clip-Delta (η calibrated on the first
+    rollouts) under the heuristic plan, a plan with disjoint inference meshes (reference and critic
+    inference each a 2-stage pipeline, 2 reward replicas, 2 generation replicas, on devices of their
+    own; the critic trained in 2 stages x 2 FSDP ranks), and a tensor-parallel plan (the actor
+    trained in 2 stages of TP 2, the critic as 2 FSDP x 2 TP, the PRM in 2 stages of TP 2, generation
+    by one vLLM engine of 2 stages x TP 2 whose four ranks get their own boxes from the training ranks, critic
+    inference on 4 replicas of the critic's devices, reference inference on one TP-2 replica). All
+    on the tiny model with 2 kv heads (TP shards k/v by head; the default tiny model has one)."""
+    common = (KV2, "+reward=prm_clip_delta", f"reward_models.prm.path={prm_dir}")
+    runs = {"heuristic": _train(cluster_address, tmp_path / "heuristic", *common)}
+    for name, text in (("disjoint", DISJOINT_INFERENCE), ("tp", TENSOR_PARALLEL)):
+        (tmp_path / f"{name}.yaml").write_text(text)
+        runs[name] = _train(cluster_address, tmp_path / name, *common, f"cluster.plan={tmp_path / name}.yaml")
+    for name, rows in runs.items():
+        _check_run(name, tmp_path / name, rows)
+    disjoint, tp = runs["disjoint"], runs["tp"]
+    # 2 replicas beside 4 FSDP shards: each replica holds a quarter and receives the other three.
+    assert all(r["realloc/actor/bytes_moved"] > 0 and r["realloc/critic/bytes_moved"] > 0 for r in disjoint[1:])
+    # Reference and critic inference on their own devices ran while the actor computed its logprobs.
+    assert all(row["call/ref_inf/start_s"] < row["call/actor_inf/end_s"] for row in disjoint[1:])
+    assert json.loads((tmp_path / "tp" / "placement.json").read_text())["6"]["roles"] == [
+        "critic",
+        "critic_inf",
+        "ref",
+        "reward",
+    ]
+    assert all(r["reward/step_score"] > 0 for r in tp[1:])  # the PRM scored the steps
+    assert all(r["realloc/actor/bytes_moved"] > 0 and r["realloc/critic/bytes_moved"] > 0 for r in tp[1:])
+    for other in (disjoint, tp):  # placement must not change the math
+        for a, b in zip(runs["heuristic"][1:], other[1:]):
+            for key in COMPARED:
+                assert b[key] == pytest.approx(a[key], rel=REL_TOLERANCE, abs=ABS_TOLERANCE), (a["iteration"], key)
