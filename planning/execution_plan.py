@@ -5,8 +5,9 @@ CLI and the trainer's plan runtime. Pure data: no torch.distributed, no Ray.
 
 A plan gives each call of one PPO iteration a ``CallAllocation``:
 
-- ``devices``  global GPU ids, in layout-rank order; GPU ``i`` is local GPU ``i % gpus_per_node``
-               of node ``i // gpus_per_node``;
+- ``devices``  global GPU ids, a set: the runtime and the cost model take them in sorted order (layout
+               rank r is the r-th smallest); GPU ``i`` is local GPU ``i % gpus_per_node`` of node
+               ``i // gpus_per_node``;
 - ``pp, dp, tp`` parallel degrees with ``pp * dp * tp == len(devices)``; ``dp`` means FSDP shards for
                training calls, vLLM replicas for generation and plain data parallel for inference;
 - ``num_microbatches``, ``activation_checkpointing`` (training only) and ``offload`` (reference /
@@ -37,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from common.files import atomic_write_text
-from reallocation.layout import Layout, ModelSpec
+from reallocation.layout import ModelSpec
 
 CALLS = ("actor_gen", "rew_inf", "ref_inf", "critic_inf", "actor_train", "critic_train")
 CALL_MODEL = {
@@ -76,21 +77,6 @@ class CallAllocation:
     num_microbatches: int = 1
     activation_checkpointing: bool = False
     offload: bool = False
-
-    def layout(self, kind: str, *, vocab_pad_to: int | None = None) -> Layout:
-        """The ``Layout`` of this allocation for a call of ``kind`` (ranks = ``devices``).
-
-        Training shards with FSDP over ``dp``; generation splits the vocabulary like vLLM
-        (``vocab_pad_to`` defaults to 64 for generation, 1 otherwise).
-        """
-        if kind == TRAIN:
-            return Layout(pp=self.pp, fsdp=self.dp, tp=self.tp, ranks=self.devices, vocab_pad_to=vocab_pad_to or 1)
-        if kind == GENERATE:
-            pad = vocab_pad_to or VLLM_VOCAB_PAD
-            return Layout(pp=self.pp, dp=self.dp, tp=self.tp, ranks=self.devices, vocab_pad_to=pad)
-        if kind == INFERENCE:
-            return Layout(pp=self.pp, dp=self.dp, tp=self.tp, ranks=self.devices, vocab_pad_to=vocab_pad_to or 1)
-        raise ValueError(f"unknown call kind {kind!r}: expected {TRAIN}, {INFERENCE} or {GENERATE}")
 
     def describe(self) -> str:
         """``gpus[0-7] pp1 dp8 tp1 mb4 ckpt``: one human-readable line."""

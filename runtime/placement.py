@@ -7,7 +7,6 @@ module only decides where they run. A ``ActorGroup`` is N actors of one class, r
     cluster = RayCluster.start(address="", num_cpus=2)
     policy = cluster.group(PolicyShard, num_ranks=2, kwargs=dict(model_dir=..., backend="gloo"))
     logprobs = policy.call("compute_logprobs", batch)       # every rank, same arguments
-    policy.call_each("update", [slice_0, slice_1])          # rank i gets slice i
     cluster.shutdown()
 
 The plan runtime places its workers with ``DevicePool``: ONE placement group with one bundle per
@@ -58,11 +57,6 @@ class ActorGroup:
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every rank with the same arguments; results in rank order."""
         return ray.get([a.run.remote(method, args, kwargs) for a in self.actors])
-
-    def call_each(self, method: str, per_rank_args: Sequence[tuple], **kwargs: Any) -> list[Any]:
-        """Rank i runs ``method(*per_rank_args[i], **kwargs)``."""
-        assert len(per_rank_args) == len(self.actors), (len(per_rank_args), len(self.actors))
-        return ray.get([a.run.remote(method, args, kwargs) for a, args in zip(self.actors, per_rank_args)])
 
     def submit_timed(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Futures (for ``wait``) of ``method`` on every rank, each giving (result, start, end)."""

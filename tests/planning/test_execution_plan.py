@@ -4,7 +4,7 @@ name the file, the call and the field."""
 import pytest
 
 from planning.execution_plan import CALLS, CallAllocation, ExecutionPlan, PlanError
-from reallocation.layout import Layout, ModelSpec
+from reallocation.layout import ModelSpec
 
 # Qwen2.5-Math-1.5B's shape: 12 heads, 2 kv heads, 28 layers.
 QWEN_1_5B = ModelSpec(
@@ -72,18 +72,6 @@ def test_load_without_source_records_the_path(tmp_path):
     path = tmp_path / "mine.yaml"
     path.write_text(EXAMPLE.replace("source: search\n", ""))
     assert ExecutionPlan.load(path).source == str(path)
-
-
-def test_layout_per_call_kind():
-    alloc = CallAllocation(devices=(4, 5, 6, 7), pp=1, dp=2, tp=2)
-    assert alloc.layout("train") == Layout(fsdp=2, tp=2, ranks=(4, 5, 6, 7))
-    assert alloc.layout("generate") == Layout(dp=2, tp=2, ranks=(4, 5, 6, 7), vocab_pad_to=64)
-    assert alloc.layout("inference") == Layout(dp=2, tp=2, ranks=(4, 5, 6, 7))
-    # Layout ranks follow the device order: GPU 5 is layout rank 1 = (dp 0, tp 1).
-    embed = alloc.layout("inference").holdings(QWEN_1_5B)["model.embed_tokens.weight"]
-    assert embed[5] == ((151936 // 2, 151936), (0, 1536))
-    with pytest.raises(ValueError, match="unknown call kind"):
-        alloc.layout("decode")
 
 
 def test_num_devices_counts_distinct_gpus():
