@@ -286,7 +286,7 @@ def realm_heuristic_plan(
             offload=call in ("ref_inf", "rew_inf") and gpu,
         )
 
-    calls = {c: allocation(c, specs[CALL_MODEL[c]]) for c in CALLS if CALL_MODEL[c] in specs}
+    calls: dict[str, CallAllocation] = {c: allocation(c, specs[CALL_MODEL[c]]) for c in CALLS if CALL_MODEL[c] in specs}
     return ExecutionPlan(cluster.num_nodes, per_node, calls, source="heuristic")
 
 

@@ -34,13 +34,29 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from common.files import atomic_write_text
 from reallocation.layout import ModelSpec
 
-CALLS = ("actor_gen", "rew_inf", "ref_inf", "critic_inf", "actor_train", "critic_train")
+
+class Call(StrEnum):
+    """The model function calls of one PPO iteration (a member is its name: ``Call.ref_inf == "ref_inf"``)."""
+
+    actor_gen = "actor_gen"
+    rew_inf = "rew_inf"
+    ref_inf = "ref_inf"
+    critic_inf = "critic_inf"
+    actor_train = "actor_train"
+    critic_train = "critic_train"
+    actor_inf = "actor_inf"
+    """Not a plan entry: the old logprobs, a forward of the actor on ``actor_train``'s allocation."""
+
+
+CALLS = tuple(c for c in Call if c != Call.actor_inf)
+"""The calls a plan allocates, in its YAML order."""
 CALL_MODEL = {
     "actor_gen": "actor",
     "rew_inf": "reward",

@@ -9,30 +9,16 @@ is given, so a call site names the method itself (``PolicyShard.update``) and fi
     @dispatch(Split.replica_rows, Gather.concat)
     def compute_logprobs(self, batch, num_microbatches=1) -> Tensor: ...
 
-    logprobs = runtime.gather(runtime.submit(Call.actor_inf, Role.actor, PolicyShard.compute_logprobs, batch))
+    old = runtime.task(Call.actor_inf, Role.actor, PolicyShard.compute_logprobs, alloc, batch, num_microbatches)
+    (logprobs,) = runtime.run(old)      # [rows, T]: each replica's reporting device's rows, in order
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from enum import Enum, StrEnum
+from enum import Enum
 from typing import Any, TypeVar
-
-
-class Role(StrEnum):
-    """A model shard a device process hosts (``runtime.topology.roles_on``)."""
-
-    actor = "actor"
-    """The policy's training shard (actor_train's grid or stages; also computes the old logprobs)."""
-    critic = "critic"
-    """The critic's training shard (also critic inference when the plan gives it the same layout)."""
-    critic_inf = "critic_inf"
-    """Critic inference replicas of their own, filled by reallocation after each update."""
-    ref = "ref"
-    """Reference-policy replicas (frozen)."""
-    reward = "reward"
-    """The reward function and its reward-model replica (rew_inf)."""
 
 
 class Split(Enum):
@@ -42,8 +28,9 @@ class Split(Enum):
     """Inference: each replica (pp stages of tp devices) a contiguous slice of the rows, every device
     of the replica the same slice."""
     ppo_shares = "ppo_shares"
-    """Training: each data-parallel share its rows of every PPO minibatch (``ppo.batch.update_rows``),
-    every device of the share (its stages and tp ranks) the same rows."""
+    """Training: each data-parallel share its rows of every PPO minibatch (``ppo.batch.update_rows``,
+    shuffled by the iteration, the call's second argument), every device of the share (its stages and
+    tp ranks) the same rows, with the minibatch sizes and the micro-batches each is cut into."""
     broadcast = "broadcast"
     """The same arguments to every device that holds the role (checkpoints, calibration)."""
 
@@ -56,9 +43,8 @@ class Gather(Enum):
     merge_rewards = "merge_rewards"
     """Each replica's reporting device's RewardBatch, merged (``rewards.types.merge_reward_batches``)."""
     first = "first"
-    """The first device's result (every device returns the same: global stats)."""
-    leader = "leader"
-    """The first replica's reporting device's result."""
+    """One device's result: the first share's (every device returns the same global stats), or for a
+    broadcast the first instance's reporting device's (a reward replica's calibration)."""
     none = "none"
     """Nothing (collective side effects such as checkpoints)."""
 

@@ -26,29 +26,37 @@ receives exactly the bytes it does not hold. Each call reports its start and end
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from planning.execution_plan import CallAllocation, ExecutionPlan
-from ppo.batch import microbatches_per_minibatch
+from planning.execution_plan import Call, CallAllocation, ExecutionPlan
+from ppo.batch import microbatches_per_minibatch, num_rows, select, update_rows, update_seed
 from reallocation.layout import Holdings, ModelSpec
-from rewards.types import merge_reward_batches
+from rewards.types import RewardBatch, merge_reward_batches
 from runtime.device.process import DeviceProcess
 from runtime.device.reward import RewardShard
+from runtime.device.shards import CriticShard, PolicyShard, ReferenceShard
+from runtime.dispatch import Gather, Split, dispatch_of
+from runtime.schedule import Scheduler, Task
 from runtime.topology import (
-    ACTOR_INF,
+    Role,
     check_supported,
     critic_needs_realloc,
+    devices_of_role,
     engine_holdings,
     grid_on,
     mesh_groups,
     replicas,
+    reporting_device,
     reward_replicas,
     roles_on,
 )
+
+ENGINE = "engine"
+"""The companion process beside each generation device: its vLLM engine rank."""
 
 
 @dataclass(frozen=True)
@@ -61,15 +69,41 @@ class Event:
     end: float
 
 
+Part = tuple[str, int, Any]
+"""What a started call waits on: (call name for its span, device, future of (result, start, end))."""
+
+
+@dataclass
+class Scores:
+    """What the inference calls make of one batch of rollouts; tensors are [B, T] over the response tokens."""
+
+    reward: RewardBatch
+    """rew_inf: success, learned reward and token rewards."""
+    old_logprobs: torch.Tensor
+    """actor_inf: log pi_old of each response token, from the training model."""
+    ref_logprobs: torch.Tensor
+    """ref_inf: log pi_ref of each response token."""
+    values: torch.Tensor
+    """critic_inf: V of each response position."""
+
+
+@dataclass
+class Training:
+    """The two training calls of an iteration, in flight."""
+
+    actor: Task
+    critic: Task
+
+
 def _recipes(
     plan: ExecutionPlan, common: dict[str, Any], train: dict[str, Any], dirs: dict[str, Any], reward: dict[str, Any]
-) -> dict[str, tuple[type, dict[str, Any]]]:
+) -> dict[Role, tuple[type, dict[str, Any]]]:
     """Role -> (worker class, constructor kwargs); ``DeviceProcess`` adds the ranks of its grid."""
     from runtime.device.shards import CriticShard, PolicyShard, ReferenceShard
 
     calls, train = plan.calls, {**train, **common}
     return {
-        "actor": (
+        Role.actor: (
             PolicyShard,
             dict(
                 model_dir=dirs["policy_dir"],
@@ -78,7 +112,7 @@ def _recipes(
                 **train,
             ),
         ),
-        "critic": (
+        Role.critic: (
             CriticShard,
             dict(
                 model_dir=dirs["critic_dir"],
@@ -86,8 +120,8 @@ def _recipes(
                 **train,
             ),
         ),
-        "critic_inf": (CriticShard, dict(model_dir=dirs["critic_dir"], **train)),
-        "ref": (
+        Role.critic_inf: (CriticShard, dict(model_dir=dirs["critic_dir"], **train)),
+        Role.ref: (
             ReferenceShard,
             dict(
                 model_dir=dirs["policy_dir"],
@@ -96,7 +130,7 @@ def _recipes(
                 **common,
             ),
         ),
-        "reward": (
+        Role.reward: (
             RewardShard,
             {
                 **reward,
@@ -137,20 +171,23 @@ def _start_engines(pool: Any, plan: ExecutionPlan, backend: str, engine_kwargs: 
 class PlanRuntime:
     """The driver's side: deploys a plan (``start``) and runs the calls of one PPO iteration.
 
-    Every call records an ``Event`` per device in ``events`` (the loop drains them each iteration).
+    Every call goes through ``task``: it reads the shard method's ``Dispatch`` (``runtime.dispatch``) to
+    split the input over the call's devices and gather their results, and the ``Scheduler`` starts it by
+    readiness (``runtime.schedule``). Every call records an ``Event`` per device in ``events`` (the loop
+    drains them each iteration).
     """
 
-    def __init__(
-        self, plan: ExecutionPlan, pool: Any, reward: tuple[str, Any], ppo: Any, seed: int, engine_boxes: Holdings
-    ):
+    def __init__(self, plan: ExecutionPlan, pool: Any, reward_actor: Any, ppo: Any, seed: int, engine_boxes: Holdings):
+        from runtime.placement import wait_any
+
         self.plan, self.pool, self.ppo, self.seed = plan, pool, ppo, seed
-        self._reward_where, self._reward = reward
-        self._reward_calls = 0
+        self.reward_actor = reward_actor  # the grader alone (no rew_inf): an actor that holds no device
+        self.num_reward_calls = 0
         self.events: list[Event] = []
-        self.gen_devices = list(plan.calls["actor_gen"].devices)
-        self.gen_replicas = replicas(plan.calls["actor_gen"])
-        self.engine_boxes = engine_boxes
+        self.gen_replicas = replicas(plan.calls[Call.actor_gen])
         self.engines_sleep = False
+        self.scheduler = Scheduler(lambda parts: [f for _, _, f in parts], wait_any)
+        self.weight_sync = WeightSync(self, engine_boxes)
 
     @classmethod
     def start(
@@ -190,8 +227,8 @@ class PlanRuntime:
         def kwargs_of(device: int) -> dict[str, Any]:
             builders = {}
             for role in roles_on(plan, device):
-                worker_cls, kwargs = recipes[role]
-                builders[role] = (worker_cls, kwargs, grid_on(plan, role, device))
+                shard_cls, kwargs = recipes[role]
+                builders[role] = (shard_cls, kwargs, grid_on(plan, role, device))
             return dict(
                 device=device,
                 devices=devices,
@@ -205,219 +242,229 @@ class PlanRuntime:
 
         pool.build(DeviceProcess, kwargs_of)
         sleeps = _start_engines(pool, plan, backend, engine_kwargs)
-        if "rew_inf" in plan.calls:
-            reward: tuple[str, Any] = ("device", reward_replicas(plan))
-        else:  # the grader alone: no model, no device
-            reward = ("actor", cluster.group(RewardShard, 1, reward_kwargs, name="reward", distributed=False))
-        runtime = cls(plan, pool, reward, ppo, seed, engine_holdings(plan, actor_spec))
+        reward_actor = None
+        if Call.rew_inf not in plan.calls:  # the grader alone: no model, no device
+            reward_actor = cluster.group(RewardShard, 1, reward_kwargs, name="reward", distributed=False)
+        runtime = cls(plan, pool, reward_actor, ppo, seed, engine_holdings(plan, actor_spec))
         runtime.engines_sleep = sleeps
         return runtime
 
-    # -- bookkeeping ---------------------------------------------------------------------------
+    # -- dispatch ------------------------------------------------------------------------------
 
-    def _gather(self, call: str, devices: Sequence[int], futures: Sequence[Any]) -> list[Any]:
+    def task(
+        self,
+        call: str,
+        role: Role,
+        method: Callable[..., Any],
+        alloc: CallAllocation | None,
+        *args: Any,
+        after: tuple[Task, ...] = (),
+        record: bool = True,
+    ) -> Task:
+        """A call of shard ``method`` on ``role``'s devices (``alloc``'s for inference and training),
+        its input split as the method's ``Dispatch`` says (``Split``: the first of ``args`` is the data it
+        splits) and its result gathered the same way; ``record``: its events go to the timeline.
+        ``run``, or ``scheduler.add`` then ``scheduler.wait``, runs it."""
+        how = dispatch_of(method)
+        per_device, reporters = self._split(how.split, role, alloc, args)
+
+        def start() -> list[Part]:
+            return [
+                (call, d, self.pool.submit(d, "call", role, method.__name__, *device_args))
+                for d, device_args in per_device
+            ]
+
+        def finish(parts: list[Part]) -> Any:
+            return _gathered(how.gather, self._collect(parts, record), reporters)
+
+        return Task(call, frozenset(d for d, _ in per_device), start, finish, after)
+
+    def run(self, *tasks: Task) -> list[Any]:
+        """Add ``tasks`` (in priority order) and wait for them; their results."""
+        for t in tasks:
+            self.scheduler.add(t)
+        return self.scheduler.wait(*tasks)
+
+    def _split(
+        self, split: Split, role: Role, alloc: CallAllocation | None, args: tuple
+    ) -> tuple[list[tuple[int, tuple]], list[int]]:
+        """(device, its arguments) for every device of the call, and the devices whose results count
+        (in order; ``Gather.first`` reads the first)."""
+        if split == Split.broadcast:
+            return [(d, args) for d in devices_of_role(self.plan, role)], [reporting_device(self.plan, role)]
+        assert alloc is not None, f"{split} needs the call's allocation"
+        data, args = args[0], args[1:]
+        pipes = replicas(alloc)
+        if split == Split.replica_rows:
+            parts = split_rows(data, len(pipes))
+            return [(d, (part, *args)) for pipe, part in zip(pipes, parts) for d in pipe.devices], [
+                pipe.leader for pipe in pipes
+            ]
+        # Split.ppo_shares: data-parallel share i trains on row i of every stage (its tp devices on the same rows).
+        shares, sizes = update_rows(
+            num_rows(data), self.ppo.num_epochs, self.ppo.num_minibatches, len(pipes), update_seed(self.seed, *args)
+        )
+        num_micro = microbatches_per_minibatch(alloc.num_microbatches, self.ppo.num_minibatches, sizes)
+        per_device = [
+            (d, (select(data, shares[i]), sizes[i], num_micro)) for i, pipe in enumerate(pipes) for d in pipe.devices
+        ]
+        return per_device, [per_device[0][0]]
+
+    def _collect(self, parts: list[Part], record: bool = True) -> dict[tuple[str, int], Any]:
+        """Wait for started ``parts``, record their events, and return their results by (call, device)."""
         from runtime.placement import wait
 
-        out = []
-        for device, (value, start, end) in zip(devices, wait(futures)):
-            self.events.append(Event(call, device, start, end))
-            out.append(value)
+        out = {}
+        for (call, device, _), (value, start, end) in zip(parts, wait([f for _, _, f in parts])):
+            if record:
+                self.events.append(Event(call, device, start, end))
+            out[call, device] = value
         return out
 
     def drain_events(self) -> list[Event]:
         events, self.events = self.events, []
         return events
 
-    # -- calls ---------------------------------------------------------------------------------
+    # -- the calls of an iteration -------------------------------------------------------------
 
     def generate(self, ids: list[list[int]], **sampling: Any) -> list[list[Any]]:
         """actor_gen: the engine replicas split the prompts (data-parallel generation); every rank
         of a replica (its stages and TP ranks) runs its requests, and only the replica's first device
         sends them back (vLLM's external_launcher gives every stage the sampled tokens)."""
-        from runtime.placement import wait
-
         num = len(self.gen_replicas)
-        chunks = [ids[i::num] for i in range(num)]
         firsts = [pipe.devices_in_order[0] for pipe in self.gen_replicas]
-        devices = [d for pipe in self.gen_replicas for d in pipe.devices]
-        futures = [
-            self.pool.submit_companion("engine", d, "generate", chunk, report=d == first, **sampling)
-            for pipe, first, chunk in zip(self.gen_replicas, firsts, chunks)
-            for d in pipe.devices
-        ]
-        outs = dict(zip(devices, self._gather("actor_gen", devices, futures)))
-        if self.engines_sleep:  # GPU only: give the memory back to training until the next call
-            wait([self.pool.submit_companion("engine", d, "sleep") for d in self.gen_devices])
-        merged: list = [None] * len(ids)
-        for i, first in enumerate(firsts):
-            merged[i::num] = outs[first]
-        return merged
 
-    def submit_reward(self, samples: list[Any]) -> tuple[str, list[int], list[Any], list[int]]:
-        """rew_inf: the reward replicas each score a contiguous slice of the samples (merged by
-        ``merge_reward_batches``), or the grader-only reward actor (device -1: it holds no device).
-
-        The first call goes to the first replica alone, whole, so that a Clip threshold calibrated on the
-        first rollouts is calibrated on all of them; ``share_reward_state`` then hands it to the others.
-        """
-        self._reward_calls += 1
-        if self._reward_where == "device":
-            pipes = self._reward if self._reward_calls > 1 else self._reward[:1]
-            bounds = torch.arange(len(samples)).tensor_split(len(pipes))
-            slices = [samples[int(b[0]) : int(b[-1]) + 1] if len(b) else [] for b in bounds]
-            # Every device of a replica gets its slice: a sharded reward model's forward is collective.
-            devices = [d for pipe in pipes for d in pipe.devices]
-            futures = [
-                self.pool.submit(d, "call", "reward", "score", part)
-                for pipe, part in zip(pipes, slices)
+        def start() -> list[Part]:
+            return [
+                (
+                    Call.actor_gen,
+                    d,
+                    self.pool.submit(d, "generate", ids[i::num], report=d == firsts[i], companion=ENGINE, **sampling),
+                )
+                for i, pipe in enumerate(self.gen_replicas)
                 for d in pipe.devices
             ]
-            return "rew_inf", devices, futures, [pipe.leader for pipe in pipes]
-        return "reward", [-1], self._reward.submit_timed("score", samples), [-1]
 
-    def share_reward_state(self) -> None:
-        """After the first reward call: every replica uses the first replica's calibration (eta, alpha)."""
-        if self._reward_where != "device" or self._reward_calls != 1 or len(self._reward) == 1:
-            return
-        self.on_reward("set_calibration", self.on_reward("calibration"))
+        def finish(parts: list[Part]) -> list[list[Any]]:
+            outs = self._collect(parts)
+            merged: list = [None] * len(ids)
+            for i, first in enumerate(firsts):
+                merged[i::num] = outs[Call.actor_gen, first]
+            return merged
 
-    def _data_parallel(self, call: str, role: str, method: str, alloc: CallAllocation, batch: Mapping[str, Any]):
-        """Submit ``method`` on each device of ``alloc`` with its replica's row slice of ``batch``
-        (every device of a replica, all its stages and tp ranks, gets the same slice); each
-        replica's last stage's first device reports."""
-        pipes = replicas(alloc)
-        parts = _row_slices(batch, len(pipes))
-        devices = [d for pipe in pipes for d in pipe.devices]
-        futures = [
-            self.pool.submit(d, "call", role, method, part, alloc.num_microbatches)
-            for pipe, part in zip(pipes, parts)
-            for d in pipe.devices
-        ]
-        return call, devices, futures, [pipe.leader for pipe in pipes]
+        devices = frozenset(d for pipe in self.gen_replicas for d in pipe.devices)
+        (merged,) = self.run(Task(Call.actor_gen, devices, start, finish))
+        if self.engines_sleep:  # GPU only: give the memory back to training until the next call
+            self._on_engines("sleep")
+        return merged
 
-    def infer(self, batch: Mapping[str, torch.Tensor], samples: list[Any]) -> dict[str, Any]:
-        """Reward, old logprobs (actor_train's devices), reference logprobs and values, all submitted
-        at once: calls on disjoint meshes run concurrently."""
+    def infer(self, batch: Mapping[str, torch.Tensor], samples: list[Any]) -> Scores:
+        """rew_inf, actor_inf (the old logprobs on actor_train's layout), ref_inf and critic_inf, started
+        by readiness: calls on disjoint devices run side by side."""
         calls = self.plan.calls
-        critic_role = "critic_inf" if critic_needs_realloc(self.plan) else "critic"
-        pending = {
-            "reward": self.submit_reward(samples),
-            "old_logprobs": self._data_parallel(ACTOR_INF, "actor", "compute_logprobs", calls["actor_train"], batch),
-            "ref_logprobs": self._data_parallel("ref_inf", "ref", "compute_logprobs", calls["ref_inf"], batch),
-            "values": self._data_parallel("critic_inf", critic_role, "compute_values", calls["critic_inf"], batch),
-        }
-        out: dict[str, Any] = {}
-        for key, (call, devices, futures, keep) in pending.items():
-            parts = dict(zip(devices, self._gather(call, devices, futures)))
-            if key == "reward":
-                out[key] = merge_reward_batches([parts[d] for d in keep])
-            else:
-                out[key] = torch.cat([parts[d] for d in keep], dim=0)
-        self.share_reward_state()
-        return out
-
-    def update(self, batch: Mapping[str, torch.Tensor], iteration: int) -> tuple[dict, dict, dict[str, float]]:
-        """actor_train and critic_train (concurrent on disjoint meshes), then the reallocations that
-        the next iteration's calls need. Returns (actor stats, critic stats, reallocation metrics)."""
-        calls = self.plan.calls
-        pending = [
-            self._submit_update("actor_train", "actor", calls["actor_train"], batch, iteration),
-            self._submit_update("critic_train", "critic", calls["critic_train"], batch, iteration),
-        ]
-        realloc = [self._submit_realloc("actor", calls["actor_train"], calls["actor_gen"], to_engine=True)]
-        if critic_needs_realloc(self.plan):
-            realloc.append(self._submit_realloc("critic", calls["critic_train"], calls["critic_inf"]))
-        actor_stats, critic_stats = (self._gather(*p)[0] for p in pending)
-        metrics: dict[str, float] = {}
-        for name, gathered in realloc:
-            metrics.update(self._finish_realloc(name, *gathered))
-        return actor_stats, critic_stats, metrics
-
-    def _submit_update(
-        self, call: str, role: str, alloc: CallAllocation, batch: Mapping[str, torch.Tensor], iteration: int
-    ):
-        from ppo.batch import num_rows, select, update_rows, update_seed
-
-        # Data-parallel share i goes to row i of every stage (its tp devices train on the same rows).
-        shards = [pipe.devices for pipe in replicas(alloc)]
-        shares, sizes = update_rows(
-            num_rows(batch),
-            self.ppo.num_epochs,
-            self.ppo.num_minibatches,
-            len(shards),
-            update_seed(self.seed, iteration),
+        critic = (
+            (Role.critic_inf, CriticShard.compute_values)
+            if critic_needs_realloc(self.plan)
+            else (Role.critic, CriticShard.compute_values)
         )
-        num_micro = microbatches_per_minibatch(alloc.num_microbatches, self.ppo.num_minibatches, sizes)
-        devices = [d for shard in shards for d in shard]
-        futures = [
-            self.pool.submit(d, "call", role, "update", select(batch, shares[i]), sizes[i], num_micro)
-            for i, shard in enumerate(shards)
-            for d in shard
-        ]
-        return call, devices, futures
+        reward, old, ref, values = self.run(
+            self._reward_task(samples),
+            self.task(
+                Call.actor_inf,
+                Role.actor,
+                PolicyShard.compute_logprobs,
+                calls[Call.actor_train],
+                batch,
+                calls[Call.actor_train].num_microbatches,
+            ),
+            self.task(
+                Call.ref_inf,
+                Role.ref,
+                ReferenceShard.compute_logprobs,
+                calls[Call.ref_inf],
+                batch,
+                calls[Call.ref_inf].num_microbatches,
+            ),
+            self.task(
+                Call.critic_inf,
+                critic[0],
+                critic[1],
+                calls[Call.critic_inf],
+                batch,
+                calls[Call.critic_inf].num_microbatches,
+            ),
+        )
+        self._share_reward_calibration()
+        return Scores(reward=reward, old_logprobs=old, ref_logprobs=ref, values=values)
 
-    def _submit_realloc(self, role: str, src: CallAllocation, dst: CallAllocation, *, to_engine: bool = False):
-        """Start ``role``'s reallocation from ``src``'s layout to replicas on ``dst``'s devices; with
-        ``to_engine`` each destination passes its boxes straight to the engine rank beside it."""
-        union = sorted(set(src.devices) | set(dst.devices))
-        dst_role, boxes = ("engine", self.engine_boxes) if to_engine else (f"{role}_inf", None)
-        infos, loads = [], []
-        for d in union:
-            weights, info = self.pool.submit_split(d, "reallocate", role, dst_role, src.devices, dst.devices, boxes)
-            infos.append(info)
-            if to_engine and d in dst.devices:
-                loads.append((d, self.pool.submit_companion_with("engine", d, "load_shards", weights)))
-        return role, (union, infos, loads)
+    def start_training(self, batch: Mapping[str, torch.Tensor], iteration: int) -> Training:
+        """actor_train and critic_train, started by readiness (side by side on disjoint devices);
+        ``finish_training`` waits for them."""
+        calls = self.plan.calls
+        actor = self.task(Call.actor_train, Role.actor, PolicyShard.update, calls[Call.actor_train], batch, iteration)
+        critic = self.task(
+            Call.critic_train, Role.critic, CriticShard.update, calls[Call.critic_train], batch, iteration
+        )
+        for t in (actor, critic):
+            self.scheduler.add(t)
+        return Training(actor, critic)
 
-    def _finish_realloc(self, role: str, union: list[int], infos: list[Any], loads: list[Any]) -> dict[str, float]:
-        from runtime.placement import wait
+    def finish_training(self, training: Training) -> tuple[dict[str, float], dict[str, float]]:
+        """(actor stats, critic stats) of ``start_training``'s calls."""
+        actor, critic = self.scheduler.wait(training.actor, training.critic)
+        return actor, critic
 
-        call = f"realloc_{role}"
-        counts = []
-        for device, (count, start, end) in zip(union, wait(infos)):
-            self.events.append(Event(call, device, start, end))
-            counts.append(count)
-        for device, (_, start, end) in zip([d for d, _ in loads], wait([f for _, f in loads])):
-            self.events.append(Event(f"{call}_load", device, start, end))
-        moved = sum(c["bytes_received"] for c in counts)
-        return {
-            f"realloc/{role}/bytes_moved": float(moved),
-            f"realloc/{role}/lower_bound_bytes": float(counts[0]["lower_bound"]),
-        }
+    def _reward_task(self, samples: list[Any]) -> Task:
+        """rew_inf: the reward replicas each score a contiguous slice of the samples (merged), or the
+        grader-only reward actor (device -1: it holds no device).
+
+        The first call goes to the first replica alone, whole, so that a Clip threshold (and the
+        control's alpha) calibrated on the first rollouts is calibrated on all of them;
+        ``_share_reward_calibration`` then hands it to the others."""
+        self.num_reward_calls += 1
+        if self.reward_actor is None:
+            alloc = self.plan.calls[Call.rew_inf]
+            if self.num_reward_calls == 1:
+                first = replicas(alloc)[0]
+                alloc = CallAllocation(first.devices, pp=alloc.pp, dp=1, tp=alloc.tp)
+            return self.task(Call.rew_inf, Role.reward, RewardShard.score, alloc, samples)
+        actor = self.reward_actor
+
+        def start() -> list[Part]:
+            return [("reward", -1, f) for f in actor.submit_timed("score", samples)]
+
+        return Task("reward", frozenset(), start, lambda parts: self._collect(parts)["reward", -1])
+
+    def _share_reward_calibration(self) -> None:
+        """After the first reward call: every replica uses the first replica's calibration (eta, alpha)."""
+        if self.reward_actor is None and self.num_reward_calls == 1 and len(reward_replicas(self.plan)) > 1:
+            self.on_reward(RewardShard.set_calibration, self.on_reward(RewardShard.calibration))
 
     # -- whole-model operations ----------------------------------------------------------------
 
-    def on_role(self, role: str, method: str, *args: Any) -> list[Any]:
-        """``method`` on every device holding ``role`` (collective calls such as checkpoints)."""
+    def on_role(self, role: Role, method: Callable[..., Any], *args: Any) -> Any:
+        """``method`` on every device holding ``role`` (collective calls such as checkpoints; they are
+        not part of an iteration's timeline)."""
+        (result,) = self.run(self.task(f"{role}.{method.__name__}", role, method, None, *args, record=False))
+        return result
+
+    def on_reward(self, method: Callable[..., Any], *args: Any) -> Any:
+        """``method`` on every reward device; the first replica's reporting device's result."""
+        if self.reward_actor is not None:
+            return self.reward_actor.call(method.__name__, *args)[0]
+        return self.on_role(Role.reward, method, *args)
+
+    def _on_engines(self, method: str, *args: Any) -> None:
         from runtime.placement import wait
 
-        devices = [d for d in self.pool.devices if role in roles_on(self.plan, d)]
-        return [v for v, _, _ in wait([self.pool.submit(d, "call", role, method, *args) for d in devices])]
-
-    def on_reward(self, method: str, *args: Any) -> Any:
-        """``method`` on every reward device; the first replica's reporting device's result."""
-        if self._reward_where == "device":
-            devices = [d for d in self.pool.devices if "reward" in roles_on(self.plan, d)]
-            results = dict(zip(devices, self.on_role("reward", method, *args)))
-            return results[self._reward[0].leader]
-        return self._reward.call(method, *args)[0]
-
-    def sync_engines(self) -> dict[str, float]:
-        """Reallocate the actor's (and critic's) training weights to where the calls need them."""
-        calls = self.plan.calls
-        out: dict[str, float] = {}
-        role, gathered = self._submit_realloc("actor", calls["actor_train"], calls["actor_gen"], to_engine=True)
-        out.update(self._finish_realloc(role, *gathered))
-        if critic_needs_realloc(self.plan):
-            role, gathered = self._submit_realloc("critic", calls["critic_train"], calls["critic_inf"])
-            out.update(self._finish_realloc(role, *gathered))
-        return out
+        wait([self.pool.submit(d, method, *args, companion=ENGINE) for d in self.plan.calls[Call.actor_gen].devices])
 
     def placement(self) -> dict[str, Any]:
-        """Where every device worker sits (reported from inside it) and what it hosts."""
+        """Where every device process sits (reported from inside it) and what it hosts."""
         where = self.pool.where()
+        gen = self.plan.calls[Call.actor_gen].devices
         return {
-            str(d): {**where[d], "roles": roles_on(self.plan, d) + (["engine"] if d in self.gen_devices else [])}
+            str(d): {**where[d], "roles": [*roles_on(self.plan, d), *([ENGINE] if d in gen else [])]}
             for d in self.pool.devices
         }
 
@@ -425,10 +472,96 @@ class PlanRuntime:
         self.pool.shutdown()
 
 
-def _row_slices(batch: Mapping[str, torch.Tensor], num_parts: int) -> list[dict[str, torch.Tensor]]:
-    """Near-equal row slices of a batch, one per data-parallel rank, in order."""
-    num_rows = next(iter(batch.values())).shape[0]
-    if num_rows < num_parts:
-        raise ValueError(f"a batch of {num_rows} rows cannot feed {num_parts} data-parallel devices")
-    bounds = torch.arange(num_rows).tensor_split(num_parts)
-    return [{k: v[int(b[0]) : int(b[-1]) + 1] for k, v in batch.items()} for b in bounds]
+class WeightSync:
+    """Moves trained weights to where the next iteration's calls need them: the one entry of
+    ``reallocation.sync`` the runtime uses (``DeviceProcess.reallocate``). Every iteration::
+
+        sync = weight_sync.start(after=training)   # each model's move waits for its own training only
+        ...                                        # (the actor's weights go while the critic still trains)
+        metrics = weight_sync.finish(sync)         # bytes moved and the lower bound, per model
+
+    The actor's training shards go to the vLLM engine ranks (each destination device hands its boxes to
+    the engine beside it, ``VLLMEngine.load_shards``); the critic's go to its inference replicas when the
+    plan gives critic inference a layout of its own. ``run`` does both steps at once (on resume).
+    """
+
+    def __init__(self, runtime: PlanRuntime, engine_boxes: Holdings):
+        self.runtime, self.engine_boxes = runtime, engine_boxes
+
+    def start(self, after: Training | None = None) -> list[Task]:
+        calls, rt = self.runtime.plan.calls, self.runtime
+        tasks = [
+            self._task(Role.actor, calls[Call.actor_train], calls[Call.actor_gen], (after.actor,) if after else ())
+        ]
+        if critic_needs_realloc(rt.plan):
+            tasks.append(
+                self._task(
+                    Role.critic, calls[Call.critic_train], calls[Call.critic_inf], (after.critic,) if after else ()
+                )
+            )
+        for t in tasks:
+            rt.scheduler.add(t)
+        return tasks
+
+    def finish(self, tasks: list[Task]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for metrics in self.runtime.scheduler.wait(*tasks):
+            out.update(metrics)
+        return out
+
+    def run(self) -> dict[str, float]:
+        return self.finish(self.start())
+
+    def _task(self, role: Role, src: CallAllocation, dst: CallAllocation, after: tuple[Task, ...]) -> Task:
+        """``role``'s reallocation from ``src``'s layout to ``dst``'s devices, over the union of both;
+        to the engines for the actor, to ``critic_inf``'s own shards for the critic."""
+        pool, call = self.runtime.pool, f"realloc_{role}"
+        union = sorted(set(src.devices) | set(dst.devices))
+        to_engine = role == Role.actor
+        dst_role, boxes = (ENGINE, self.engine_boxes) if to_engine else (Role.critic_inf, None)
+
+        def start() -> list[Part]:
+            parts: list[Part] = []
+            for d in union:
+                weights, info = pool.submit(
+                    d, "reallocate", role, dst_role, src.devices, dst.devices, boxes, timed=False, num_returns=2
+                )
+                parts.append((call, d, info))
+                if to_engine and d in dst.devices:
+                    parts.append((f"{call}_load", d, pool.submit(d, "load_shards", weights, companion=ENGINE)))
+            return parts
+
+        def finish(parts: list[Part]) -> dict[str, float]:
+            counts = [v for (c, _), v in self.runtime._collect(parts).items() if c == call]
+            return {
+                f"realloc/{role}/bytes_moved": float(sum(c["bytes_received"] for c in counts)),
+                f"realloc/{role}/lower_bound_bytes": float(counts[0]["lower_bound"]),
+            }
+
+        return Task(call, frozenset(union), start, finish, after)
+
+
+def _gathered(gather: Gather, values: dict[tuple[str, int], Any], reporters: list[int]) -> Any:
+    """One call's result from its devices' results (``values``: by (call, device)) as ``gather`` says."""
+    by_device = {device: v for (_, device), v in values.items()}
+    if gather == Gather.concat:
+        return torch.cat([by_device[d] for d in reporters], dim=0)
+    if gather == Gather.merge_rewards:
+        return merge_reward_batches([by_device[d] for d in reporters])
+    if gather == Gather.first:
+        return by_device[reporters[0]]
+    return None
+
+
+def split_rows(data: Any, num_parts: int) -> list[Any]:
+    """Near-equal contiguous row slices of ``data`` (a dict of [rows, ...] tensors, or a list), in order."""
+    if isinstance(data, Mapping):
+        rows = next(iter(data.values())).shape[0]
+    else:
+        rows = len(data)
+    if rows < num_parts:
+        raise ValueError(f"a batch of {rows} rows cannot feed {num_parts} data-parallel devices")
+    bounds = [(int(b[0]), int(b[-1]) + 1) if len(b) else (0, 0) for b in torch.arange(rows).tensor_split(num_parts)]
+    if isinstance(data, Mapping):
+        return [{k: v[lo:hi] for k, v in data.items()} for lo, hi in bounds]
+    return [data[lo:hi] for lo, hi in bounds]

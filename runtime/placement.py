@@ -56,11 +56,11 @@ class ActorGroup:
 
     def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method`` on every rank with the same arguments; results in rank order."""
-        return ray.get([a.run.remote(method, args, kwargs) for a in self.actors])
+        return ray.get([a.run.remote(method, *args, **kwargs) for a in self.actors])
 
     def submit_timed(self, method: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Futures (for ``wait``) of ``method`` on every rank, each giving (result, start, end)."""
-        return [a.run_timed.remote(method, args, kwargs) for a in self.actors]
+        return [a.run_timed.remote(method, *args, **kwargs) for a in self.actors]
 
     def kill(self) -> None:
         for a in self.actors:
@@ -82,25 +82,15 @@ class RayHost:
     def build(self, cls: type, kwargs: dict[str, Any]) -> None:
         self.worker = cls(**kwargs)
 
-    def run(self, method: str, args: tuple, kwargs: dict) -> Any:
+    def run(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """``method(*args)`` on the hosted object; an argument that is another actor's result (a future
+        passed as it is) arrives resolved, from the object store of this node."""
         return getattr(self.worker, method)(*args, **kwargs)
 
-    def run_timed(self, method: str, args: tuple, kwargs: dict) -> tuple[Any, float, float]:
+    def run_timed(self, method: str, *args: Any, **kwargs: Any) -> tuple[Any, float, float]:
         """``run`` with its wall-clock start and end (seconds since the epoch)."""
         start = time.time()
         out = getattr(self.worker, method)(*args, **kwargs)
-        return out, start, time.time()
-
-    def run_split(self, method: str, args: tuple, kwargs: dict) -> tuple[Any, Any]:
-        """For a method returning (payload, info): two results, so that the payload can go to another
-        actor as its own object (from this node's object store, not through the driver)."""
-        payload, info = getattr(self.worker, method)(*args, **kwargs)
-        return payload, info
-
-    def run_with(self, method: str, payload: Any) -> tuple[Any, float, float]:
-        """``method(payload)``; ``payload`` may be another actor's result (Ray resolves it here)."""
-        start = time.time()
-        out = getattr(self.worker, method)(payload)
         return out, start, time.time()
 
     def where(self) -> tuple[str, tuple[int, ...], int]:
@@ -389,21 +379,24 @@ class DevicePool:
         ray.get([actors[d].check_placement.remote(*self.locations[d]) for d in devices])
         self.companions.update({(name, d): actor for d, actor in actors.items()})
 
-    def submit(self, device: int, method: str, *args: Any, **kwargs: Any):
-        """Run ``method`` on ``device``'s host; a future of (result, start, end) for ``wait``."""
-        return self.hosts[device].run_timed.remote(method, args, kwargs)
-
-    def submit_split(self, device: int, method: str, *args: Any, **kwargs: Any):
-        """Run a ``method`` that returns (payload, info); two futures (see ``RayHost.run_split``)."""
-        return self.hosts[device].run_split.options(num_returns=2).remote(method, args, kwargs)
-
-    def submit_companion(self, name: str, device: int, method: str, *args: Any, **kwargs: Any):
-        """Like ``submit``, on the companion ``name`` of ``device``."""
-        return self.companions[name, device].run_timed.remote(method, args, kwargs)
-
-    def submit_companion_with(self, name: str, device: int, method: str, payload: Any):
-        """``method(payload)`` on a companion, where ``payload`` is a future from ``submit_split``."""
-        return self.companions[name, device].run_with.remote(method, payload)
+    def submit(
+        self,
+        device: int,
+        method: str,
+        *args: Any,
+        companion: str | None = None,
+        timed: bool = True,
+        num_returns: int = 1,
+        **kwargs: Any,
+    ) -> Any:
+        """Run ``method`` on ``device``'s host (or on its ``companion``): a future of (result, start, end)
+        for ``wait``, or with ``timed=False`` of the result itself, split into ``num_returns`` futures
+        when the method returns that many values (so that one of them can go to another actor as its
+        own object, from this node's object store, not through the driver). A future among ``args``
+        arrives resolved."""
+        actor = self.hosts[device] if companion is None else self.companions[companion, device]
+        fn = actor.run_timed if timed else actor.run
+        return (fn.options(num_returns=num_returns) if num_returns != 1 else fn).remote(method, *args, **kwargs)
 
     def where(self) -> dict[int, dict[str, Any]]:
         """Per device, what its host actor reports from inside: node id, GPU ids, pid."""
@@ -423,3 +416,10 @@ class DevicePool:
 def wait(futures: Sequence[Any]) -> list[Any]:
     """Results of ``DevicePool.submit`` futures, in order."""
     return ray.get(list(futures))
+
+
+def wait_any(futures: Sequence[Any]) -> list[Any]:
+    """Block until at least one of ``futures`` is ready; the ready ones."""
+    ready, _ = ray.wait(list(futures), num_returns=1)
+    more, _ = ray.wait(list(futures), num_returns=len(futures), timeout=0)
+    return [*ready, *(f for f in more if f not in ready)]

@@ -12,14 +12,27 @@ agree on every group and shard without talking.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from enum import StrEnum
 
 from planning.estimator import LayoutLimits
-from planning.execution_plan import CALL_MODEL, CallAllocation, ExecutionPlan
+from planning.execution_plan import CALL_MODEL, Call, CallAllocation, ExecutionPlan
 from reallocation.layout import Holdings, ModelSpec
 from runtime.meshes import Grid, Pipeline, grid_groups, grid_of, pipeline_groups, pipelines_of, staged_grid
 
-# Runtime steps that the plan does not name: old logprobs run on actor_train's devices.
-ACTOR_INF = "actor_inf"
+
+class Role(StrEnum):
+    """A model shard a device process hosts (``runtime.topology.roles_on``)."""
+
+    actor = "actor"
+    """The policy's training shard (actor_train's grid or stages; also computes the old logprobs)."""
+    critic = "critic"
+    """The critic's training shard (also critic inference when the plan gives it the same layout)."""
+    critic_inf = "critic_inf"
+    """Critic inference replicas of their own, filled by reallocation after each update."""
+    ref = "ref"
+    """Reference-policy replicas (frozen)."""
+    reward = "reward"
+    """The reward function and its reward-model replica (rew_inf)."""
 
 
 class UnsupportedPlan(ValueError):
@@ -45,7 +58,7 @@ def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None =
     for name, alloc in plan.calls.items():
         model = CALL_MODEL[name]
         spec = (specs or {}).get(model) or (None if model == "reward" else (specs or {}).get("actor"))
-        if name == "actor_gen" and spec is not None:
+        if name == Call.actor_gen and spec is not None:
             from reallocation.names import vllm_local_shapes
 
             try:
@@ -60,7 +73,7 @@ def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None =
 
 
 # Calls whose model the runtime shards itself (FSDP x TP, apply_tp's rule for k/v).
-SHARDED_CALLS = ("actor_train", "critic_train", "ref_inf", "critic_inf", "rew_inf")
+SHARDED_CALLS = (Call.actor_train, Call.critic_train, Call.ref_inf, Call.critic_inf, Call.rew_inf)
 
 
 def grid(alloc: CallAllocation) -> Grid:
@@ -76,7 +89,7 @@ def engine_holdings(plan: ExecutionPlan, spec: ModelSpec) -> Holdings:
     from reallocation.names import vllm_layout
 
     devices = sorted({d for a in plan.calls.values() for d in a.devices})
-    alloc = plan.calls["actor_gen"]
+    alloc = plan.calls[Call.actor_gen]
     # Layout's rank order (pp, dp, tp) over the sorted devices is the order pipelines_of reads them in.
     ranks = tuple(devices.index(d) for d in sorted(alloc.devices))
     return vllm_layout(alloc.tp, alloc.dp, ranks, alloc.pp).holdings(spec)
@@ -84,7 +97,7 @@ def engine_holdings(plan: ExecutionPlan, spec: ModelSpec) -> Holdings:
 
 def reward_replicas(plan: ExecutionPlan) -> list[Pipeline]:
     """rew_inf's replicas (none without rew_inf: the grader alone needs no device)."""
-    return replicas(plan.calls["rew_inf"]) if "rew_inf" in plan.calls else []
+    return replicas(plan.calls[Call.rew_inf]) if Call.rew_inf in plan.calls else []
 
 
 def replicas(alloc: CallAllocation) -> list[Pipeline]:
@@ -98,19 +111,19 @@ def training_mesh(alloc: CallAllocation) -> Grid | Pipeline:
     return grid(alloc) if alloc.pp == 1 else staged_grid(alloc.devices, alloc.pp, alloc.tp)
 
 
-def model_grids(plan: ExecutionPlan) -> dict[str, list[Grid | Pipeline]]:
+def model_grids(plan: ExecutionPlan) -> dict[Role, list[Grid | Pipeline]]:
     """Role -> the meshes its model instances are sharded over: one grid per training model (with
     pp > 1 its stages' grids), one pipeline per inference replica (pp stages, each one TP group)."""
     calls = plan.calls
-    grids: dict[str, list[Grid | Pipeline]] = {
-        "actor": [training_mesh(calls["actor_train"])],
-        "critic": [training_mesh(calls["critic_train"])],
-        "ref": list(replicas(calls["ref_inf"])),
+    grids: dict[Role, list[Grid | Pipeline]] = {
+        Role.actor: [training_mesh(calls[Call.actor_train])],
+        Role.critic: [training_mesh(calls[Call.critic_train])],
+        Role.ref: list(replicas(calls[Call.ref_inf])),
     }
     if critic_needs_realloc(plan):
-        grids["critic_inf"] = list(replicas(calls["critic_inf"]))
-    if "rew_inf" in calls:
-        grids["reward"] = list(reward_replicas(plan))
+        grids[Role.critic_inf] = list(replicas(calls[Call.critic_inf]))
+    if Call.rew_inf in calls:
+        grids[Role.reward] = list(reward_replicas(plan))
     return grids
 
 
@@ -118,7 +131,7 @@ def _devices_of(mesh: Grid | Pipeline) -> tuple[int, ...]:
     return mesh.devices if isinstance(mesh, Pipeline) else tuple(sorted(d for row in mesh for d in row))
 
 
-def grid_on(plan: ExecutionPlan, role: str, device: int) -> Grid | Pipeline:
+def grid_on(plan: ExecutionPlan, role: Role, device: int) -> Grid | Pipeline:
     """The grid or stages (training) or pipeline (inference replica) of the ``role`` instance that
     ``device`` holds a shard of."""
     return next(g for g in model_grids(plan)[role] if device in _devices_of(g))
@@ -135,16 +148,16 @@ def mesh_groups(plan: ExecutionPlan) -> list[tuple[int, ...]]:
         for m in meshes
         for g in (pipeline_groups(m) if isinstance(m, Pipeline) else grid_groups(m))
     }
-    groups.add(_union(calls["actor_train"], calls["actor_gen"]))
+    groups.add(_union(calls[Call.actor_train], calls[Call.actor_gen]))
     if critic_needs_realloc(plan):
-        groups.add(_union(calls["critic_train"], calls["critic_inf"]))
+        groups.add(_union(calls[Call.critic_train], calls[Call.critic_inf]))
     return sorted(groups)
 
 
 def critic_needs_realloc(plan: ExecutionPlan) -> bool:
     """Critic inference runs on replicas of its own unless the plan gives it critic training's
     devices and layout (then it is FSDP/TP forward on the training shards)."""
-    inf, train = plan.calls["critic_inf"], plan.calls["critic_train"]
+    inf, train = plan.calls[Call.critic_inf], plan.calls[Call.critic_train]
     return (sorted(inf.devices), inf.pp, inf.dp, inf.tp) != (sorted(train.devices), train.pp, train.dp, train.tp)
 
 
@@ -152,18 +165,30 @@ def _union(a: CallAllocation, b: CallAllocation) -> tuple[int, ...]:
     return tuple(sorted(set(a.devices) | set(b.devices)))
 
 
-def roles_on(plan: ExecutionPlan, device: int) -> list[str]:
+def roles_on(plan: ExecutionPlan, device: int) -> list[Role]:
     """The model shards ``device`` hosts (its DeviceProcess builds them in this order)."""
     calls = plan.calls
     roles = []
-    if device in calls["actor_train"].devices:
-        roles.append("actor")
-    if device in calls["critic_train"].devices:
-        roles.append("critic")
-    if critic_needs_realloc(plan) and device in calls["critic_inf"].devices:
-        roles.append("critic_inf")
-    if device in calls["ref_inf"].devices:
-        roles.append("ref")
-    if "rew_inf" in calls and device in calls["rew_inf"].devices:
-        roles.append("reward")
+    if device in calls[Call.actor_train].devices:
+        roles.append(Role.actor)
+    if device in calls[Call.critic_train].devices:
+        roles.append(Role.critic)
+    if critic_needs_realloc(plan) and device in calls[Call.critic_inf].devices:
+        roles.append(Role.critic_inf)
+    if device in calls[Call.ref_inf].devices:
+        roles.append(Role.ref)
+    if Call.rew_inf in calls and device in calls[Call.rew_inf].devices:
+        roles.append(Role.reward)
     return roles
+
+
+def devices_of_role(plan: ExecutionPlan, role: Role) -> list[int]:
+    """Every device holding a shard of ``role`` (its collective calls, such as checkpoints, run there)."""
+    return sorted({d for meshes in [model_grids(plan).get(role, [])] for m in meshes for d in _devices_of(m)})
+
+
+def reporting_device(plan: ExecutionPlan, role: Role) -> int:
+    """The device whose result a call on every shard of ``role`` reports: the first instance's leader
+    (a pipeline's last stage's first device; a grid's first device)."""
+    first = model_grids(plan)[role][0]
+    return first.leader if isinstance(first, Pipeline) else min(_devices_of(first))

@@ -2,11 +2,14 @@
 
 One iteration (``run_iteration``), each step a function below::
 
-    rollouts = generate(run, it)            # actor_gen: vLLM replicas on the plan's generation devices
-    batch, scored = score(run, rollouts)    # rew_inf + old/ref logprobs + critic values, concurrent
-    adv = advantages(run, batch, scored)    # trainer/advantages.compute_advantages (KL-shaped GAE)
-    stats = update(run, batch, ...)         # actor_train + critic_train, concurrent; then reallocation
-    metrics(...), eval every N, checkpoint every N, timeline.png of the iteration
+    rollouts = generate(run, it)                   # actor_gen: vLLM replicas on the plan's generation devices
+    exp = experience(run, *score(run, rollouts))   # rew_inf, actor_inf, ref_inf, critic_inf; then GAE here
+    training = runtime.start_training(...)         # actor_train, critic_train
+    sync = runtime.weight_sync.start(...)          # reallocation: trained weights to the engines (and critic_inf)
+    stats = finish_training(...)                   # the stats; stops on a non-finite loss; KL coefficient
+    metrics, eval every N, checkpoint every N, timeline.png of the iteration (log_iteration)
+
+Calls start by readiness (``runtime.schedule``): each as soon as its inputs are ready and its devices free.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -27,10 +30,21 @@ from mathtask.data import Problem, load_problems
 from models.registry import cache_root, max_context, resolve_model_dir
 from ppo.advantages import explained_variance, masked_mean
 from rewards.config import RewardKind
+from runtime.device.reward import RewardShard
+from runtime.device.shards import CriticShard, PolicyShard
+from runtime.topology import Role
 from trainer.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from trainer.config import TrainConfig
+from trainer.experience import Experience
 from trainer.metrics import MetricsWriter, Progress, plot_curves
 from trainer.rollout import Rollout, iteration_problems, pad_batch, prompt_ids, prompt_text, rollout_template
+
+if TYPE_CHECKING:
+    from planning.execution_plan import ExecutionPlan
+    from ppo.kl import AdaptiveKLController, FixedKLController
+    from rewards.types import RewardBatch
+    from runtime.driver import Event, PlanRuntime, Scores, Training
+    from runtime.placement import RayCluster
 
 
 class TrainingError(RuntimeError):
@@ -120,7 +134,7 @@ def resolve_reward_model_dir(cfg: TrainConfig) -> Path | None:
         raise TrainingError(str(e)) from None
 
 
-def execution_plan(cfg: TrainConfig, policy_dir: Path, reward_dir: Path | None, run_dir: Path) -> Any:
+def execution_plan(cfg: TrainConfig, policy_dir: Path, reward_dir: Path | None, run_dir: Path) -> ExecutionPlan:
     """The run's plan (``trainer.plan_select.resolve_plan``: heuristic, search, disjoint or a file),
     checked against the cluster and the models and written to ``run_dir/plan.yaml``."""
     from planning.execution_plan import PlanError
@@ -148,9 +162,9 @@ class Run:
     heldout: list[Problem]
     prompts: dict[str, str]
     prompt_tokens: dict[str, list[int]]
-    runtime: Any
-    kl_ctl: Any
-    writer: Any = None
+    runtime: PlanRuntime
+    kl_ctl: FixedKLController | AdaptiveKLController
+    writer: MetricsWriter | None = None
     reward_calibration: dict[str, float] | None = None
     """Clip's eta and the reward's alpha after the first reward call (kept in checkpoints)."""
     before: float = 0.0
@@ -245,7 +259,7 @@ def run_iterations(run: Run, start: int) -> None:
         run.last_eval = heldout_success(run, run.cfg.run.seed)
 
 
-def deploy(cfg: TrainConfig, cluster: Any, plan: Any, policy_dir: Path) -> Any:
+def deploy(cfg: TrainConfig, cluster: RayCluster, plan: ExecutionPlan, policy_dir: Path) -> PlanRuntime:
     """Place the plan's device workers, engines and reward function (``runtime.driver``)."""
     from runtime.driver import PlanRuntime
     from runtime.placement import PlacementError
@@ -292,16 +306,16 @@ def resume_or_begin(run: Run) -> int:
         run.last_eval = {"heldout/success": run.before}
         return 0
     state = load_state(ckpt)
-    runtime.on_role("actor", "load_checkpoint", str(ckpt / "policy"))
-    runtime.on_role("critic", "load_checkpoint", str(ckpt / "critic"))
+    runtime.on_role(Role.actor, PolicyShard.load_checkpoint, str(ckpt / "policy"))
+    runtime.on_role(Role.critic, CriticShard.load_checkpoint, str(ckpt / "critic"))
     run.kl_ctl.load_state_dict(state["kl"])
     run.reward_calibration = state.get("reward_calibration")
     if run.reward_calibration is None and state.get("reward_eta") is not None:  # a checkpoint from before alpha
         run.reward_calibration = {"eta": state["reward_eta"], "alpha": cfg.reward.alpha}
     if run.reward_calibration is not None:
         # A calibrated eta / alpha stays what the first rollouts made it, not the resumed policy's.
-        runtime.on_reward("set_calibration", run.reward_calibration)
-    runtime.sync_engines()
+        runtime.on_reward(RewardShard.set_calibration, run.reward_calibration)
+    runtime.weight_sync.run()
     runtime.drain_events()
     run.before = state["heldout_before"]
     run.last_eval = {"heldout/success": run.before}
@@ -357,17 +371,26 @@ def heldout_success(run: Run, seed: int, iteration: int | None = None) -> dict[s
 
 
 def run_iteration(run: Run, it: int) -> dict[str, float]:
-    """One PPO iteration: generate, score, advantages, update (+ reallocation), metrics, checkpoint."""
-    cfg = run.cfg
+    """One PPO iteration, each step a function below; then metrics, evaluation and a checkpoint."""
     t_iter = time.time()
-    rollouts = generate(run, it)
-    batch, scored = score(run, rollouts)
-    adv = advantages(run, batch, scored)
-    actor_stats, critic_stats, realloc = update(run, batch, scored, adv, it)
-    events = run.runtime.drain_events()
-    metrics = iteration_metrics(run, rollouts, batch, scored, adv, actor_stats, critic_stats)
-    metrics.update(realloc)
-    metrics.update(call_metrics(run, events, t_iter, it))
+    rollouts = generate(run, it)  # actor_gen: the vLLM replicas sample the responses
+    exp = experience(run, *score(run, rollouts))  # rew_inf, actor_inf, ref_inf, critic_inf; then GAE here
+    training = run.runtime.start_training(exp.update_batch(), it)  # actor_train, critic_train
+    # Reallocation is its own step, started now: each model's weights move as soon as its own training and
+    # the devices they move over are free (the actor's to the engines while the critic may still train).
+    sync = run.runtime.weight_sync.start(after=training)
+    stats = finish_training(run, training, exp, it)
+    metrics = {**iteration_metrics(run, rollouts, exp, *stats), **run.runtime.weight_sync.finish(sync)}
+    metrics.update(call_metrics(run, run.runtime.drain_events(), t_iter, it))
+    log_iteration(run, it, rollouts, exp, metrics, t_iter)
+    return metrics
+
+
+def log_iteration(
+    run: Run, it: int, rollouts: list[Rollout], exp: Experience, metrics: dict[str, float], t_iter: float
+) -> None:
+    """Held-out evaluation when due, then metrics.jsonl, samples, rollouts, a checkpoint and the curves."""
+    cfg = run.cfg
     if cfg.run.eval_every and (it + 1) % cfg.run.eval_every == 0 and it + 1 < cfg.run.num_iterations:
         t = time.time()
         run.last_eval = heldout_success(run, cfg.run.seed, iteration=it + 1)
@@ -378,17 +401,18 @@ def run_iteration(run: Run, it: int) -> dict[str, float]:
     if it + 1 == cfg.run.num_iterations:
         run.last_eval = heldout_success(run, cfg.run.seed, iteration=it + 1)
         metrics.update(run.last_eval)
-    run.writer.log(it + 1, metrics)
-    records = rollout_records(rollouts, scored["reward"])
-    run.writer.log_samples(it + 1, records[: cfg.run.num_logged_samples])
+    writer = run.writer
+    assert writer is not None, "resume_or_begin opens the metrics writer"
+    writer.log(it + 1, metrics)
+    records = rollout_records(rollouts, exp.reward)
+    writer.log_samples(it + 1, records[: cfg.run.num_logged_samples])
     if cfg.run.rollouts_every and (it + 1) % cfg.run.rollouts_every == 0:
-        run.writer.write_rollouts(it + 1, records)
+        writer.write_rollouts(it + 1, records)
     checkpoint(run, it)
     plot_curves(run.run_dir)
-    return metrics
 
 
-def rollout_records(rollouts: list[Rollout], reward: Any) -> list[dict[str, Any]]:
+def rollout_records(rollouts: list[Rollout], reward: RewardBatch) -> list[dict[str, Any]]:
     """One JSON-ready record per rollout: the response and what the reward made of it."""
     return [
         {
@@ -424,9 +448,9 @@ def generate(run: Run, it: int) -> list[Rollout]:
     return [Rollout(p, run.prompt_tokens[p.id], run.prompts[p.id], c) for p, cs in zip(problems, outs) for c in cs]
 
 
-def score(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The padded batch, and (concurrently, on the plan's meshes) the rewards, old and reference
-    logprobs and the critic's values."""
+def score(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, torch.Tensor], Scores]:
+    """The padded batch (``trainer.rollout.pad_batch``) and what the inference calls make of it
+    (``PlanRuntime.infer``: rewards, old and reference logprobs, values)."""
     from rewards.build import RewardSample
 
     samples = [
@@ -443,81 +467,76 @@ def score(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, torch.Tensor], d
     batch = pad_batch(
         [x.prompt_ids for x in rollouts], [list(x.completion.token_ids) for x in rollouts], run.tokenizer.pad_token_id
     )
-    scored = run.runtime.infer(batch, samples)
+    scores = run.runtime.infer(batch, samples)
     if run.reward_calibration is None:
-        run.reward_calibration = run.runtime.on_reward("calibration")
-    return batch, scored
+        run.reward_calibration = run.runtime.on_reward(RewardShard.calibration)
+    return batch, scores
 
 
-def advantages(run: Run, batch: dict[str, torch.Tensor], scored: dict[str, Any]) -> Any:
-    """Token scores from the reward, then ``compute_advantages`` (KL-shaped rewards, GAE, whitening)."""
+def experience(run: Run, batch: dict[str, torch.Tensor], scores: Scores) -> Experience:
+    """The iteration's ``Experience``: the reward's token scores on the batch's response columns, then
+    KL-shaped GAE advantages, returns and per-token KL (``ppo.advantages.compute_advantages``)."""
     from ppo.advantages import compute_advantages
 
     mask = batch["response_mask"]
-    token_rewards = scored["reward"].token_rewards
-    scores = torch.zeros_like(mask)
-    scores[:, : token_rewards.shape[1]] = token_rewards[:, : mask.shape[1]]
+    token_scores = torch.zeros_like(mask)
+    token_rewards = scores.reward.token_rewards
+    token_scores[:, : token_rewards.shape[1]] = token_rewards[:, : mask.shape[1]]
     ppo = run.cfg.ppo
-    scored["scores"] = scores
-    return compute_advantages(
-        scores,
-        scored["old_logprobs"],
-        scored["ref_logprobs"],
-        scored["values"],
+    adv = compute_advantages(
+        token_scores,
+        scores.old_logprobs,
+        scores.ref_logprobs,
+        scores.values,
         mask,
         run.kl_ctl.value,
         ppo.gamma,
         ppo.lam,
         ppo.whiten_advantages,
     )
-
-
-def update(
-    run: Run, batch: dict[str, torch.Tensor], scored: dict[str, Any], adv: Any, it: int
-) -> tuple[dict, dict, dict[str, float]]:
-    """PPO epochs on actor and critic, then reallocation; stops on a non-finite loss."""
-    batch.update(
-        old_logprobs=scored["old_logprobs"],
-        ref_logprobs=scored["ref_logprobs"],
-        values=scored["values"],
+    return Experience(
+        **batch,
+        reward=scores.reward,
+        scores=token_scores,
+        old_logprobs=scores.old_logprobs,
+        ref_logprobs=scores.ref_logprobs,
+        values=scores.values,
         advantages=adv.advantages,
         returns=adv.returns,
+        kl=adv.kl,
     )
-    actor_stats, critic_stats, realloc = run.runtime.update(batch, it)
+
+
+def finish_training(run: Run, training: Training, exp: Experience, it: int) -> tuple[dict, dict]:
+    """The training calls' stats (actor, critic); stops on a non-finite loss, then moves the KL coefficient."""
+    actor_stats, critic_stats = run.runtime.finish_training(training)
     for k, v in {**actor_stats, **critic_stats}.items():
         if isinstance(v, float) and not math.isfinite(v):
             raise TrainingError(
                 f"iteration {it}: {k} = {v} (non-finite loss); stopping. Last complete checkpoint: "
                 f"{latest_checkpoint(run.ckpt_root) or 'none'}"
             )
-    mask = batch["response_mask"]
-    mean_kl = (adv.kl * mask).sum(-1).mean().item()
-    run.kl_ctl.update(mean_kl, mask.shape[0])
-    return actor_stats, critic_stats, realloc
+    mask = exp.response_mask
+    run.kl_ctl.update((exp.kl * mask).sum(-1).mean().item(), mask.shape[0])
+    return actor_stats, critic_stats
 
 
 def iteration_metrics(
-    run: Run,
-    rollouts: list[Rollout],
-    batch: dict[str, torch.Tensor],
-    scored: dict[str, Any],
-    adv: Any,
-    actor_stats: dict,
-    critic_stats: dict,
+    run: Run, rollouts: list[Rollout], exp: Experience, actor_stats: dict, critic_stats: dict
 ) -> dict[str, float]:
-    rb, mask = scored["reward"], batch["response_mask"]
+    rb, mask = exp.reward, exp.response_mask
     metrics: dict[str, float] = {
         "reward/success": rb.success.float().mean().item(),
         "reward/learned": rb.learned.float().mean().item(),
-        "reward/total": scored["scores"].sum(-1).mean().item(),
+        "reward/total": exp.scores.sum(-1).mean().item(),
         "response/length": mask.sum(-1).float().mean().item(),
         "response/num_steps": rb.num_steps.float().mean().item(),
         "response/truncated": sum(x.completion.finish_reason == "length" for x in rollouts) / len(rollouts),
-        "kl/mean": (adv.kl * mask).sum(-1).mean().item(),
+        "kl/mean": (exp.kl * mask).sum(-1).mean().item(),
         "kl/coef": run.kl_ctl.value,
-        "advantages/mean": masked_mean(adv.advantages, mask).item(),
-        "returns/mean": masked_mean(adv.returns, mask).item(),
-        "critic/explained_variance": explained_variance(scored["values"], adv.returns, mask),
+        "advantages/mean": masked_mean(exp.advantages, mask).item(),
+        "returns/mean": masked_mean(exp.returns, mask).item(),
+        "critic/explained_variance": explained_variance(exp.values, exp.returns, mask),
         **{f"actor/{k}": v for k, v in actor_stats.items()},
         **{f"critic/{k}": v for k, v in critic_stats.items()},
         "_num_generated": float(sum(len(x.completion.token_ids) for x in rollouts)),
@@ -529,7 +548,7 @@ def iteration_metrics(
     return metrics
 
 
-def call_metrics(run: Run, events: list[Any], t_iter: float, it: int) -> dict[str, float]:
+def call_metrics(run: Run, events: list[Event], t_iter: float, it: int) -> dict[str, float]:
     """Each call's start/end (``call/<name>/...``), the per-phase times, and the timeline picture."""
     from trainer.timeline import call_spans, plot_timeline
 
@@ -568,7 +587,7 @@ def checkpoint(run: Run, it: int) -> None:
     }
 
     def write_parts(d: Path) -> None:
-        run.runtime.on_role("actor", "save_checkpoint", str(d / "policy"))
-        run.runtime.on_role("critic", "save_checkpoint", str(d / "critic"))
+        run.runtime.on_role(Role.actor, PolicyShard.save_checkpoint, str(d / "policy"))
+        run.runtime.on_role(Role.critic, CriticShard.save_checkpoint, str(d / "critic"))
 
     save_checkpoint(run.ckpt_root, it + 1, state, write_parts)

@@ -144,7 +144,7 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec]):
         value_bytes=torch_dtype(cfg.model.dtype).itemsize,
         num_epochs=cfg.ppo.num_epochs,
         num_minibatches=cfg.ppo.num_minibatches,
-        old_logprobs_pass=True,  # runtime.driver's ACTOR_INF
+        old_logprobs_pass=True,  # the runtime's Call.actor_inf
     )
 
 

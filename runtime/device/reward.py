@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.dispatch import Gather, Split, dispatch
+
 
 class RewardShard:
     """Holds the reward function (grader pool, ORM/PRM) next to its model; ``device``: where the
@@ -50,6 +52,7 @@ class RewardShard:
         if self.offloaded is not None:
             self.offloaded.to("cpu")
 
+    @dispatch(Split.replica_rows, Gather.merge_rewards)
     def score(self, samples):
         if self.offloaded is not None:
             self.offloaded.to(self.device)
@@ -62,9 +65,11 @@ class RewardShard:
             if self.offloaded is not None:
                 self.offloaded.to("cpu")
 
+    @dispatch(Split.broadcast, Gather.none)
     def set_calibration(self, state: dict[str, float]) -> None:
         self.fn.set_calibration(state)
 
+    @dispatch(Split.broadcast, Gather.first)
     def calibration(self) -> dict[str, float]:
         """Clip's eta and the reward's alpha in use (after the first call: calibrated)."""
         return self.fn.calibration()

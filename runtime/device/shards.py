@@ -52,6 +52,7 @@ from runtime.device.pipeline import (
     train_microbatches,
 )
 from runtime.device.ranks import Ranks
+from runtime.dispatch import Gather, Split, dispatch
 
 
 def _load_model(model_cls, model_dir: str, ranks: Ranks, **kwargs) -> tuple[nn.Module, list[str]]:
@@ -422,6 +423,7 @@ class PolicyShard:
         self._sft_optimizer: torch.optim.Optimizer | None = None
         self._sft_scheduler: Any = None
 
+    @dispatch(Split.replica_rows, Gather.concat)
     def compute_logprobs(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
         """log pi(a_t | s_t) of each response token of this rank's slice, [B, T] (0 on padding)."""
         return _in_chunks(
@@ -449,6 +451,7 @@ class PolicyShard:
             "entropy": entropy.detach(),
         }
 
+    @dispatch(Split.ppo_shares, Gather.first)
     def update(
         self, batch: Mapping[str, Tensor], part_sizes: list[int] | None = None, num_microbatches: int = 1
     ) -> dict[str, float]:
@@ -506,10 +509,12 @@ class PolicyShard:
             AutoTokenizer.from_pretrained(self.model_dir).save_pretrained(directory)
         self.ranks.barrier()
 
+    @dispatch(Split.broadcast, Gather.none)
     def save_checkpoint(self, directory: str | Path) -> None:
         """Model, optimizer, LR schedule, update counter and RNG into ``directory`` (collective)."""
         self.trainer.save(directory)
 
+    @dispatch(Split.broadcast, Gather.none)
     def load_checkpoint(self, directory: str | Path) -> None:
         self.trainer.load(directory)
 
@@ -553,6 +558,7 @@ class CriticShard:
         self.model = _shard(model, self.ranks)
         self.trainer = _Trainer(self.model, self.ranks, self.ppo, self.ppo.critic_lr, num_iterations, seed)
 
+    @dispatch(Split.replica_rows, Gather.concat)
     def compute_values(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
         """V(s_t) for each response token of this rank's slice, [B, T] (0 on padding)."""
         return _in_chunks(self._values, batch, num_microbatches)
@@ -585,6 +591,7 @@ class CriticShard:
         )
         return loss, {"clip_frac": stats.clip_frac, "values": stats.values}
 
+    @dispatch(Split.ppo_shares, Gather.first)
     def update(
         self, batch: Mapping[str, Tensor], part_sizes: list[int] | None = None, num_microbatches: int = 1
     ) -> dict[str, float]:
@@ -609,9 +616,11 @@ class CriticShard:
         )
         return {**stats, "clip_range": -1.0 if clip_range is None else clip_range}
 
+    @dispatch(Split.broadcast, Gather.none)
     def save_checkpoint(self, directory: str | Path) -> None:
         self.trainer.save(directory)
 
+    @dispatch(Split.broadcast, Gather.none)
     def load_checkpoint(self, directory: str | Path) -> None:
         self.trainer.load(directory)
 
@@ -644,6 +653,7 @@ class ReferenceShard:
         if self.offload:
             self.model.to("cpu")
 
+    @dispatch(Split.replica_rows, Gather.concat)
     def compute_logprobs(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
         """log pi_ref(a_t | s_t) of each response token of this rank's slice, [B, T] (0 on padding)."""
         if self.offload:

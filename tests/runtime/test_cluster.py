@@ -81,7 +81,7 @@ def test_device_pool_places_each_device_on_its_node_and_gpu(cluster_address):
         assert len(set(nodes[:4])) == 1 and len(set(nodes[4:])) == 1 and nodes[0] != nodes[4]
         assert len({where[d]["pid"] for d in range(8)}) == 8  # one process per device
         pool.add_companions("probe", [5], _Probe, {"tag": "beside device 5"})  # checks its place itself
-        assert wait([pool.submit_companion("probe", 5, "hello")])[0][0] == "beside device 5"
+        assert wait([pool.submit(5, "hello", companion="probe")])[0][0] == "beside device 5"
         pool.shutdown()
     finally:
         cluster.shutdown()
