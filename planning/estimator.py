@@ -36,14 +36,18 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from planning.execution_plan import CALL_KIND, CALL_MODEL, GENERATE, INFERENCE, TRAIN, CallAllocation, ExecutionPlan
 from reallocation.layout import ROW, ModelSpec
 
+if TYPE_CHECKING:
+    from planning.lifecycle import Inputs, MemoryLifecycle
+
 BYTES = 2  # bf16 weights, activations and KV cache (``Workload.value_bytes``'s default)
-TRAIN_STATE_BYTES = 18  # bf16 weights + fp32 master, gradients, Adam m and v, per parameter
+TRAIN_STATE_BYTES = 16  # float32 weights, gradients, Adam m and v, per parameter (planning.lifecycle)
 
 
 @dataclass(frozen=True)
@@ -159,9 +163,10 @@ class Workload:
 
     @property
     def train_state_bytes(self) -> int:
-        """Per trainable parameter: bf16 runs keep an fp32 master copy (18 B); a float32 run keeps
-        the weights, gradients and Adam's m and v in float32 (16 B)."""
-        return TRAIN_STATE_BYTES if self.value_bytes == 2 else 4 * self.value_bytes
+        """Per trainable parameter while it trains: float32 weights, gradients and Adam's m and v
+        (16 B), whatever the compute dtype: FSDP2 casts the weights to it per layer as it computes
+        (``planning.lifecycle``: outside training the gradients are freed, 12 B)."""
+        return TRAIN_STATE_BYTES
 
     @property
     def calls(self) -> tuple[str, ...]:
@@ -317,12 +322,6 @@ def _generate_seconds(spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: H
     return prefill * (mb + pp - 1) + decode
 
 
-def _kv_bytes(spec: ModelSpec, alloc: CallAllocation, sequences: float, length: float, value_bytes: int) -> float:
-    """KV cache on one GPU for ``sequences`` of ``length`` tokens (kv heads replicate when fewer than tp)."""
-    kv_heads = max(1, spec.num_kv_heads // alloc.tp)
-    return sequences * length * 2 * kv_heads * spec.head_dim * value_bytes * math.ceil(spec.num_layers / alloc.pp)
-
-
 def shares_training_layout(call: str, alloc: CallAllocation, train: CallAllocation) -> bool:
     """True when ``call`` can run on the training copy itself (same GPUs and shards: no FSDP, same pp/tp)."""
     return (
@@ -337,36 +336,31 @@ def shares_training_layout(call: str, alloc: CallAllocation, train: CallAllocati
 def call_memory(
     call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload, own_copy: bool = True
 ) -> tuple[float, float]:
-    """``(resident, active)`` bytes per GPU of the call's devices.
+    """``(resident, active)`` bytes per GPU of the call's devices, by ``planning.lifecycle``'s rules.
 
     Resident stays between calls (training state; frozen weights unless offloaded); active exists
     only while the call runs. ``own_copy``: a generation / critic-inference call of a trainable model
     holds its own copy of the weights (False when it runs on the training layout itself).
     """
+    from planning.lifecycle import Inputs, activation_bytes, kv_cache_bytes
+
     kind = CALL_KIND[call]
-    n, pp, dp, tp, mb = spec.num_params(), alloc.pp, alloc.dp, alloc.tp, alloc.num_microbatches
-    weights = n * w.value_bytes / (tp * pp)
-    layers = math.ceil(spec.num_layers / pp)
+    x = Inputs({}, w.batch, w.prompt_len, w.gen_len, w.value_bytes, gpu=False)
+    weights = spec.num_params() * w.value_bytes / (alloc.tp * alloc.pp)
     if kind == GENERATE:
-        wave = w.batch / (dp * mb)
-        in_flight = min(mb, pp)  # waves whose KV caches coexist on a stage
-        return 0.0, _kv_bytes(spec, alloc, wave * in_flight, w.seq_len, w.value_bytes) + (weights if own_copy else 0.0)
-    tokens_mb = w.batch * w.seq_len / (dp * mb)
-    logits = tokens_mb * spec.vocab_size * 4 / tp  # fp32 logits of one micro-batch (last stage)
+        return 0.0, kv_cache_bytes(spec, alloc, x) + (weights if own_copy else 0.0)
+    acts = activation_bytes(call, spec, alloc, x)
     if kind == TRAIN:
-        # ~34 B/token/hidden/layer saved in 16-bit without checkpointing (Korthikanti et al.; twice that
-        # in float32); with it, each layer keeps its input and one layer is live at a time. 1F1B keeps
-        # min(pp, mb) in flight.
-        layer_acts = 17 * w.value_bytes * spec.hidden_size / tp
-        per_layer = (w.value_bytes * spec.hidden_size) if alloc.activation_checkpointing else layer_acts
-        live = 0 if not alloc.activation_checkpointing else layer_acts
-        acts = tokens_mb * (per_layer * layers + live) * min(pp, mb)
-        return n * w.train_state_bytes / (tp * pp * dp), acts + 2 * logits
-    acts = tokens_mb * 17 * w.value_bytes * spec.hidden_size / tp + logits  # one layer at a time plus the logits
-    frozen = CALL_MODEL[call] in ("ref", "reward")
-    if frozen:
+        return spec.num_params() * w.train_state_bytes / (alloc.tp * alloc.pp * alloc.dp), acts
+    if CALL_MODEL[call] in ("ref", "reward"):
         return (0.0, acts + weights) if alloc.offload else (weights, acts)
     return 0.0, acts + (weights if own_copy else 0.0)
+
+
+def _kv_bytes(spec: ModelSpec, alloc: CallAllocation, sequences: float, length: float, value_bytes: int) -> float:
+    """KV cache on one GPU for ``sequences`` of ``length`` tokens (kv heads replicate when fewer than tp)."""
+    kv_heads = max(1, spec.num_kv_heads // alloc.tp)
+    return sequences * length * 2 * kv_heads * spec.head_dim * value_bytes * math.ceil(spec.num_layers / alloc.pp)
 
 
 def offload_seconds(spec: ModelSpec, alloc: CallAllocation, hw: Hardware, value_bytes: int = BYTES) -> float:
@@ -638,18 +632,15 @@ class Evaluator:
         return {c: [i for i, g in enumerate(groups) if g >> bit & 1] for bit, (c, _) in enumerate(calls)}
 
     def peak(self, calls: tuple[tuple[str, CallAllocation], ...]) -> np.ndarray:
-        """Per GPU: resident bytes of every call there plus the largest active bytes (NaN: unused)."""
-        allocs = dict(calls)
-        resident = np.zeros(self.hw.num_gpus)
-        active = np.full(self.hw.num_gpus, np.nan)
-        for call, a in calls:
-            _, res, act, copy = self.facts(call, a)
-            if call in TRAINED_BY and shares_training_layout(call, a, allocs[TRAINED_BY[call]]):
-                copy = 0.0
-            index = self.index(a)
-            resident[index] += res
-            active[index] = np.fmax(active[index], act + copy)
-        return resident + active
+        """Per GPU: the bytes of its fullest phase in the plan's memory lifecycle (NaN: unused)."""
+        from planning.lifecycle import holdings, peak_bytes
+
+        items = holdings(dict(calls), lifecycle_inputs(self.w, self.hw))
+        peak = np.asarray(peak_bytes(items, self.hw.num_gpus))
+        used = np.zeros(self.hw.num_gpus, dtype=bool)
+        for _, a in calls:
+            used[self.index(a)] = True
+        return np.where(used, peak, np.nan)
 
     def estimate(self, calls: tuple[tuple[str, CallAllocation], ...]) -> PlanCost:
         allocs = dict(calls)
@@ -707,3 +698,17 @@ def _schedule(
             end[call] = done[call] = run(atoms[call], inputs, seconds[call])
         iteration_end.append(max(end.values()))
     return (iteration_end[-1] - iteration_end[0]) / (NUM_SIMULATED_ITERATIONS - 1)
+
+
+def lifecycle_inputs(w: Workload, hw: Hardware) -> Inputs:
+    """What ``planning.lifecycle`` reads of a workload on a cluster."""
+    from planning.lifecycle import Inputs
+
+    return Inputs(w.specs(), w.batch, w.prompt_len, w.gen_len, w.value_bytes, gpu=hw.name != "cpu")
+
+
+def memory_lifecycle(plan: ExecutionPlan, w: Workload, hw: Hardware) -> MemoryLifecycle:
+    """The plan's device-memory lifecycle (``planning.lifecycle``), which ``estimate_plan``'s peaks price."""
+    from planning.lifecycle import memory_lifecycle as build
+
+    return build(plan.calls, lifecycle_inputs(w, hw), hw.gpu_memory_bytes)

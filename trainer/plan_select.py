@@ -232,13 +232,14 @@ def dry_run_report(cfg: TrainConfig, run_dir: Path | None = None) -> list[str]:
     own (resident + active) bytes per device; the peak is the fullest device of its mesh with every
     model the plan keeps there.
     """
-    from planning.estimator import call_memory, estimate_plan, hardware
+    from planning.estimator import call_memory, estimate_plan, hardware, memory_lifecycle
 
     cl = cfg.cluster
     specs = model_specs(cfg)
     plan = resolve_plan(cfg, specs, run_dir=run_dir)
     w = workload(cfg, specs)
-    cost = estimate_plan(plan, w, hardware(cl.hardware, cl.num_nodes, cl.devices_per_node))
+    hw = hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
+    cost = estimate_plan(plan, w, hw)
     gib = float(1 << 30)
     lines = [
         f"cluster: {cl.num_nodes} x {cl.devices_per_node} {cl.hardware}; plan: {plan.source}; model "
@@ -253,6 +254,7 @@ def dry_run_report(cfg: TrainConfig, run_dir: Path | None = None) -> list[str]:
             f"(peak {peak / gib:.1f})"
         )
     lines.append(f"  reallocation {cost.realloc_seconds:.2f} s per iteration; calls on disjoint devices overlap")
+    lines += memory_lifecycle(plan, w, hw).table()
     if not cost.fits:
         lines.append(
             f"warning: the fullest device needs {cost.overflow_bytes / gib:.1f} GiB more than a {cl.hardware} has"

@@ -1,0 +1,362 @@
+"""One device-memory lifecycle per plan: for each device and each phase of an iteration, what is in device
+memory (weights, optimizer state, gradients, KV cache, activations) and what waits in host memory.
+
+The cost model prices it (``Evaluator.peak`` is this lifecycle's fullest phase per device), the dry run
+prints it (``MemoryLifecycle.table``), and the runtime obeys it: the vLLM engines are started with the
+KV budget it gives them (``engine_budget``) and sleep and wake at its phase boundaries, frozen replicas
+come to the device for their call only when they are offloaded, and the device processes record what
+they actually hold at each boundary, which the tests hold against ``residency``.
+
+Phases and the calls in them (``runtime.schedule`` orders the calls inside a phase)::
+
+    generate     actor_gen                                   (held-out evaluation too)
+    infer        rew_inf, actor_inf, ref_inf, critic_inf
+    train        actor_train, critic_train
+    reallocate   realloc_actor, realloc_critic               (trained weights to the engines, critic_inf)
+
+What the runtime holds (``runtime.device``), per device of the call that holds it:
+
+- a trained model (actor, critic) on its training devices: float32 weights and Adam's m and v (12 B a
+  parameter over FSDP x TP x PP) in every phase; float32 gradients (4 B) only while training (the
+  optimizer sets them to None after each step); activations while one of its calls runs;
+- a frozen replica (reference, reward model) and critic inference's own replicas: weights in the run's
+  compute dtype; an offloaded frozen replica waits in host memory and is on the device only during its
+  call (the runtime refuses offload for replicas sharded by TP or pipeline stages);
+- a vLLM engine rank on each generation device: its weights (compute dtype, its TP shard of its stage)
+  and its KV cache (the plan's generation wave at full length) while generating; only the weights while
+  reallocation loads new ones into it; nothing while other calls use the device (sleep level 2: the
+  weights are overwritten before the next generation anyway). An engine whose devices no other call
+  uses, or any engine on CPU (vLLM-CPU has no sleep mode), stays awake.
+- each process's CUDA context on GPUs (the device process and, on generation devices, the engine).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+
+from planning.execution_plan import CALL_KIND, CALL_MODEL, GENERATE, INFERENCE, TRAIN, Call, CallAllocation
+from reallocation.layout import ModelSpec
+
+FP32 = 4
+ADAM_BYTES = 8  # m and v in float32 per trainable parameter
+TRANSFER_BUFFER_BYTES = 64 << 20  # reallocation.reshard.DEFAULT_BUCKET_BYTES: one bucket in flight
+CUDA_CONTEXT_BYTES = 512 << 20  # per process on a GPU (CUDA context, allocator and NCCL state)
+ENGINE_WORKSPACE_BYTES = 1 << 30  # vLLM's own activations and sampler while it generates (on a GPU)
+
+
+class Phase(StrEnum):
+    generate = "generate"
+    infer = "infer"
+    train = "train"
+    reallocate = "reallocate"
+
+
+PHASES = tuple(Phase)
+PHASE_OF_KIND = {GENERATE: Phase.generate, INFERENCE: Phase.infer, TRAIN: Phase.train}
+CALLS_OF_PHASE = {
+    Phase.generate: (Call.actor_gen,),
+    Phase.infer: (Call.rew_inf, Call.actor_inf, Call.ref_inf, Call.critic_inf),
+    Phase.train: (Call.actor_train, Call.critic_train),
+    Phase.reallocate: ("realloc_actor", "realloc_critic"),
+}
+
+
+class Kind(StrEnum):
+    weights = "weights"
+    optimizer = "optimizer"
+    gradients = "gradients"
+    kv_cache = "kv_cache"
+    activations = "activations"
+    buffers = "buffers"
+    context = "context"
+
+
+@dataclass(frozen=True)
+class Holding:
+    """``bytes`` per device on ``devices``, in device memory in the phases ``on_device`` (only while the
+    call ``during`` runs, when set) and in host memory in the phases ``on_host``."""
+
+    owner: str
+    """actor | critic | critic_inf | ref | reward | engine | process"""
+    kind: Kind
+    bytes: float
+    devices: tuple[int, ...]
+    on_device: frozenset[Phase]
+    on_host: frozenset[Phase] = frozenset()
+    during: str | None = None
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What the lifecycle reads from a plan's workload: model shapes, batch and lengths, dtype, and
+    whether the device is a GPU (CUDA contexts; vLLM sleeps) — ``planning.estimator.Workload`` and
+    ``Hardware`` provide these."""
+
+    specs: Mapping[str, ModelSpec]
+    batch: int
+    prompt_len: int
+    gen_len: int
+    value_bytes: int
+    gpu: bool
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.gen_len
+
+
+def _weights(spec: ModelSpec, alloc: CallAllocation, value_bytes: float) -> float:
+    """One device's share of a replica's weights (TP x PP split; training splits them over dp too)."""
+    return spec.num_params() * value_bytes / (alloc.tp * alloc.pp)
+
+
+def kv_cache_bytes(spec: ModelSpec, alloc: CallAllocation, x: Inputs) -> float:
+    """The engine's KV cache on one device: one generation wave (``batch / (dp * mb)`` sequences) of
+    every stage in flight (``min(mb, pp)``), each ``seq_len`` tokens; kv heads replicate under TP."""
+    wave = x.batch / (alloc.dp * alloc.num_microbatches)
+    in_flight = min(alloc.num_microbatches, alloc.pp)
+    kv_heads = max(1, spec.num_kv_heads // alloc.tp)
+    layers = math.ceil(spec.num_layers / alloc.pp)
+    return wave * in_flight * x.seq_len * 2 * kv_heads * spec.head_dim * x.value_bytes * layers
+
+
+def activation_bytes(call: str, spec: ModelSpec, alloc: CallAllocation, x: Inputs) -> float:
+    """Activations of one micro-batch's pass on one device (training: the 1F1B stages' in flight).
+
+    Training keeps ~17 values per token, hidden unit and layer (Korthikanti et al.; only each layer's
+    input with activation checkpointing, plus one live layer) and the float32 logits twice (log-softmax
+    and its gradient); inference keeps one layer at a time and the float32 logits.
+    """
+    layers = math.ceil(spec.num_layers / alloc.pp)
+    tokens_mb = x.batch * x.seq_len / (alloc.dp * alloc.num_microbatches)
+    logits = tokens_mb * spec.vocab_size * FP32 / alloc.tp
+    layer_acts = 17 * x.value_bytes * spec.hidden_size / alloc.tp
+    if CALL_KIND.get(call) == TRAIN:
+        per_layer = x.value_bytes * spec.hidden_size if alloc.activation_checkpointing else layer_acts
+        live = layer_acts if alloc.activation_checkpointing else 0.0
+        return tokens_mb * (per_layer * layers + live) * min(alloc.pp, alloc.num_microbatches) + 2 * logits
+    return tokens_mb * layer_acts + logits
+
+
+def _trained(model: str, alloc: CallAllocation, spec: ModelSpec) -> list[Holding]:
+    """A trained model's state on its training devices (float32 master weights, Adam, gradients)."""
+    share = spec.num_params() / (alloc.tp * alloc.pp * alloc.dp)
+    every = frozenset(PHASES)
+    return [
+        Holding(model, Kind.weights, share * FP32, alloc.devices, every),
+        Holding(model, Kind.optimizer, share * ADAM_BYTES, alloc.devices, every),
+        Holding(model, Kind.gradients, share * FP32, alloc.devices, frozenset({Phase.train})),
+    ]
+
+
+def _frozen(owner: str, call: str, alloc: CallAllocation, spec: ModelSpec, x: Inputs) -> Holding:
+    """A frozen replica's weights in the compute dtype: always on the device, or, offloaded, on the
+    device only during its call and in host memory in every phase."""
+    weights = _weights(spec, alloc, x.value_bytes)
+    if alloc.offload:
+        return Holding(owner, Kind.weights, weights, alloc.devices, frozenset({Phase.infer}), frozenset(PHASES), call)
+    return Holding(owner, Kind.weights, weights, alloc.devices, frozenset(PHASES))
+
+
+def engines_sleep(calls: Mapping[str, CallAllocation], gpu: bool) -> bool:
+    """vLLM sleeps between generations when other calls use its devices (GPU only: vLLM-CPU cannot)."""
+    gen = set(calls[Call.actor_gen].devices)
+    return gpu and any(gen & set(a.devices) for c, a in calls.items() if c != Call.actor_gen)
+
+
+def _engine(calls: Mapping[str, CallAllocation], x: Inputs) -> list[Holding]:
+    alloc, spec = calls[Call.actor_gen], x.specs["actor"]
+    sleeps = engines_sleep(calls, x.gpu)
+    weights_in = frozenset({Phase.generate, Phase.reallocate}) if sleeps else frozenset(PHASES)
+    kv_in = frozenset({Phase.generate}) if sleeps else frozenset(PHASES)
+    out = [
+        Holding("engine", Kind.weights, _weights(spec, alloc, x.value_bytes), alloc.devices, weights_in),
+        Holding("engine", Kind.kv_cache, kv_cache_bytes(spec, alloc, x), alloc.devices, kv_in),
+    ]
+    if x.gpu:  # on CPU vLLM's working memory is the host's, outside any device budget
+        workspace = ENGINE_WORKSPACE_BYTES
+        out.append(
+            Holding(
+                "engine", Kind.activations, workspace, alloc.devices, frozenset({Phase.generate}), during=Call.actor_gen
+            )
+        )
+    return out
+
+
+def _shares_critic_layout(calls: Mapping[str, CallAllocation]) -> bool:
+    inf, train = calls[Call.critic_inf], calls[Call.critic_train]
+    return (sorted(inf.devices), inf.pp, inf.dp, inf.tp) == (sorted(train.devices), train.pp, train.dp, train.tp)
+
+
+def _activations(calls: Mapping[str, CallAllocation], x: Inputs) -> list[Holding]:
+    """Each call's activations while it runs; the old logprobs' forward on actor training's devices."""
+    out = []
+    runs = {c: a for c, a in calls.items() if c != Call.actor_gen}
+    runs[Call.actor_inf] = calls[Call.actor_train]
+    for call, alloc in runs.items():
+        spec = x.specs[CALL_MODEL.get(call, "actor")]
+        phase = Phase.infer if call == Call.actor_inf else PHASE_OF_KIND[CALL_KIND[call]]
+        acts = activation_bytes(call, spec, alloc, x)
+        out.append(Holding(_owner(call, calls), Kind.activations, acts, alloc.devices, frozenset({phase}), during=call))
+    return out
+
+
+def _owner(call: str, calls: Mapping[str, CallAllocation]) -> str:
+    """Whose activations a call's are (critic inference on replicas of its own: "critic_inf")."""
+    if call == Call.critic_inf and not _shares_critic_layout(calls):
+        return "critic_inf"
+    return "actor" if call == Call.actor_inf else CALL_MODEL[call]
+
+
+def _transfers(calls: Mapping[str, CallAllocation]) -> list[Holding]:
+    """A bucket of weights in flight on every device a reallocation runs over."""
+    moves = [("realloc_actor", Call.actor_train, Call.actor_gen)]
+    if not _shares_critic_layout(calls):
+        moves.append(("realloc_critic", Call.critic_train, Call.critic_inf))
+    out = []
+    for name, src, dst in moves:
+        union = tuple(sorted(set(calls[src].devices) | set(calls[dst].devices)))
+        out.append(
+            Holding("transfer", Kind.buffers, TRANSFER_BUFFER_BYTES, union, frozenset({Phase.reallocate}), during=name)
+        )
+    return out
+
+
+def holdings(calls: Mapping[str, CallAllocation], x: Inputs) -> list[Holding]:
+    """Everything a plan's devices hold over one iteration (the module docstring's rules)."""
+    out = [*_trained("actor", calls[Call.actor_train], x.specs["actor"])]
+    out += _trained("critic", calls[Call.critic_train], x.specs["critic"])
+    out.append(_frozen("ref", Call.ref_inf, calls[Call.ref_inf], x.specs["ref"], x))
+    if Call.rew_inf in calls:
+        out.append(_frozen("reward", Call.rew_inf, calls[Call.rew_inf], x.specs["reward"], x))
+    if not _shares_critic_layout(calls):
+        inf = calls[Call.critic_inf]
+        weights = _weights(x.specs["critic"], inf, x.value_bytes)
+        out.append(Holding("critic_inf", Kind.weights, weights, inf.devices, frozenset(PHASES)))
+    out += _engine(calls, x) + _activations(calls, x) + _transfers(calls)
+    if x.gpu:
+        devices = tuple(sorted({d for a in calls.values() for d in a.devices}))
+        gen = calls[Call.actor_gen].devices
+        out.append(Holding("process", Kind.context, CUDA_CONTEXT_BYTES, devices, frozenset(PHASES)))
+        out.append(Holding("engine", Kind.context, CUDA_CONTEXT_BYTES, gen, frozenset(PHASES)))
+    return out
+
+
+def phase_bytes(items: Iterable[Holding], device: int, phase: Phase) -> float:
+    """Device memory of ``device`` in ``phase``: what stays there through the phase, plus the fullest
+    call of the phase (calls of a phase on one device run one after another)."""
+    standing, by_call = 0.0, dict.fromkeys(CALLS_OF_PHASE[phase], 0.0)
+    for h in items:
+        if device in h.devices and phase in h.on_device:
+            if h.during is None:
+                standing += h.bytes
+            else:
+                by_call[h.during] = by_call.get(h.during, 0.0) + h.bytes
+    return standing + max(by_call.values(), default=0.0)
+
+
+@dataclass(frozen=True)
+class MemoryLifecycle:
+    """A plan's memory lifecycle (see the module docstring) and the device's capacity."""
+
+    items: tuple[Holding, ...]
+    devices: tuple[int, ...]
+    capacity_bytes: float
+
+    def bytes(self, device: int, phase: Phase) -> float:
+        return phase_bytes(self.items, device, phase)
+
+    def fullest(self, device: int) -> tuple[Phase, float]:
+        """The phase in which ``device`` holds the most, and that many bytes."""
+        return max(((p, self.bytes(device, p)) for p in PHASES), key=lambda pb: pb[1])
+
+    def fits(self) -> bool:
+        return all(self.fullest(d)[1] <= self.capacity_bytes for d in self.devices)
+
+    def engine_budget(self, device: int) -> dict[Kind, float]:
+        """What the engine rank on ``device`` holds while it generates, by kind (weights, KV cache,
+        working activations, CUDA context): it is started with this budget and no more."""
+        out: dict[Kind, float] = {}
+        for h in self.items:
+            if h.owner == "engine" and device in h.devices:
+                out[h.kind] = out.get(h.kind, 0.0) + h.bytes
+        return out
+
+    def residency(self, device: int, phase: Phase) -> dict[tuple[str, str], str]:
+        """(owner, kind) -> "device" or "host" for the model state ``device`` holds in ``phase``
+        (activations, buffers and contexts left out: they come and go with calls and processes).
+        An offloaded replica counts as "host": it visits the device only for its own call."""
+        out: dict[tuple[str, str], str] = {}
+        for h in self.items:
+            if device not in h.devices or h.kind in (Kind.activations, Kind.buffers, Kind.context):
+                continue
+            if phase in h.on_device and h.during is None:
+                out[h.owner, h.kind] = "device"
+            elif phase in h.on_host:
+                out[h.owner, h.kind] = "host"
+        return out
+
+    def table(self) -> list[str]:
+        """Per device (devices with equal rows grouped): GiB in each phase, the fullest marked, and what
+        the fullest phase holds by owner."""
+        gib = float(1 << 30)
+        rows: dict[tuple, list[int]] = {}
+        for d in self.devices:
+            key = tuple(round(self.bytes(d, p) / gib, 1) for p in PHASES)
+            rows.setdefault(key, []).append(d)
+        lines = [
+            f"  memory per device, GiB of {self.capacity_bytes / gib:.0f} "
+            f"({' / '.join(PHASES)}; * = fullest, engine and frozen weights as the lifecycle places them):"
+        ]
+        for key, devices in rows.items():
+            top = max(range(len(PHASES)), key=lambda i: key[i])
+            cells = " / ".join(f"{v:.1f}{'*' if i == top else ''}" for i, v in enumerate(key))
+            lines.append(f"    devices {_span(devices):<12} {cells}   ({self._what(devices[0], PHASES[top])})")
+        return lines
+
+    def _what(self, device: int, phase: Phase) -> str:
+        """GiB by owner in ``phase``: what stays through it, plus the fullest call's own."""
+        here = [h for h in self.items if device in h.devices and phase in h.on_device]
+        calls = {h.during for h in here if h.during is not None}
+        fullest = max(calls, key=lambda c: sum(h.bytes for h in here if h.during == c), default=None)
+        by_owner: dict[str, float] = {}
+        for h in here:
+            if h.during in (None, fullest):
+                by_owner[h.owner] = by_owner.get(h.owner, 0.0) + h.bytes
+        return ", ".join(f"{o} {b / (1 << 30):.1f}" for o, b in sorted(by_owner.items(), key=lambda ob: -ob[1]))
+
+
+def _span(devices: list[int]) -> str:
+    if len(devices) > 1 and devices == list(range(devices[0], devices[-1] + 1)):
+        return f"{devices[0]}-{devices[-1]}"
+    return ",".join(map(str, devices))
+
+
+def memory_lifecycle(calls: Mapping[str, CallAllocation], x: Inputs, capacity_bytes: float) -> MemoryLifecycle:
+    devices = tuple(sorted({d for a in calls.values() for d in a.devices}))
+    return MemoryLifecycle(tuple(holdings(calls, x)), devices, capacity_bytes)
+
+
+def peak_bytes(items: Iterable[Holding], num_devices: int) -> list[float]:
+    """Per device id ``0 .. num_devices - 1``: its fullest phase's bytes (``phase_bytes``), 0 for a
+    device no holding uses. Vectorized for the plan search, which asks this of many plans."""
+    import numpy as np
+
+    items = list(items)
+    peak = np.zeros(num_devices)
+    for phase in PHASES:
+        standing = np.zeros(num_devices)
+        by_call: dict[str, np.ndarray] = {}
+        for h in items:
+            if phase not in h.on_device:
+                continue
+            index = np.asarray(h.devices)
+            if h.during is None:
+                standing[index] += h.bytes
+            else:
+                by_call.setdefault(h.during, np.zeros(num_devices))[index] += h.bytes
+        busiest = np.max(np.stack(list(by_call.values())), axis=0) if by_call else 0.0
+        peak = np.maximum(peak, standing + busiest)
+    return peak.tolist()

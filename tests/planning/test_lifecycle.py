@@ -1,0 +1,138 @@
+"""The device-memory lifecycle: what each device holds in each phase, worked by hand on a small plan;
+the cost model's peaks are its fullest phases; the recipes' plans fit their GPUs in every phase."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from planning.estimator import Workload, evaluator, hardware, memory_lifecycle
+from planning.execution_plan import CallAllocation, ExecutionPlan
+from planning.lifecycle import (
+    CUDA_CONTEXT_BYTES,
+    ENGINE_WORKSPACE_BYTES,
+    Inputs,
+    Kind,
+    Phase,
+    activation_bytes,
+    engines_sleep,
+    kv_cache_bytes,
+)
+from planning.shapes import named_spec
+
+SPEC = named_spec("qwen2.5-math-1.5b")
+GIB = float(1 << 30)
+
+
+def _plan(offload: bool) -> ExecutionPlan:
+    both = (0, 1)
+    return ExecutionPlan(
+        1,
+        2,
+        {
+            "actor_gen": CallAllocation(both, dp=2),
+            "ref_inf": CallAllocation(both, dp=2, offload=offload),
+            "critic_inf": CallAllocation(both, dp=2),
+            "actor_train": CallAllocation(both, dp=2),
+            "critic_train": CallAllocation(both, dp=2),
+        },
+    )
+
+
+def _workload() -> Workload:
+    return Workload(SPEC, SPEC, None, batch=8, prompt_len=96, gen_len=160)
+
+
+def test_a_colocated_plan_by_hand():
+    """Everything on two GPUs, bf16: per device the actor and the critic each keep float32 weights and
+    Adam (12 B a parameter over 2 FSDP ranks) in every phase and float32 gradients (4 B) only while
+    training; the offloaded reference waits on the host; the engine (its own bf16 copy, 2 B a parameter,
+    and a wave of 4 sequences x 256 tokens of KV) is awake to generate, holds only its weights while they
+    are reloaded, and sleeps while training and inference use the GPU."""
+    plan, w, hw = _plan(offload=True), _workload(), hardware("h100", 1, 2)
+    life = memory_lifecycle(plan, w, hw)
+    n = SPEC.num_params()
+    x = Inputs(w.specs(), w.batch, w.prompt_len, w.gen_len, 2, gpu=True)
+    state = 2 * 12 * n / 2  # actor and critic, weights + Adam, half each on this device
+    kv = kv_cache_bytes(SPEC, plan.calls["actor_gen"], x)
+    assert kv == 4 * 256 * 2 * SPEC.num_kv_heads * SPEC.head_dim * 2 * SPEC.num_layers
+    contexts = 2 * CUDA_CONTEXT_BYTES  # the device process and the engine
+    assert life.bytes(0, Phase.generate) == pytest.approx(state + 2 * n + kv + ENGINE_WORKSPACE_BYTES + contexts)
+    train = max(activation_bytes(c, SPEC, plan.calls[c], x) for c in ("actor_train", "critic_train"))
+    assert life.bytes(0, Phase.train) == pytest.approx(state + 2 * 4 * n / 2 + train + contexts)
+    infer = max(
+        activation_bytes("ref_inf", SPEC, plan.calls["ref_inf"], x) + 2 * n,  # the reference visits for its call
+        activation_bytes("critic_inf", SPEC, plan.calls["critic_inf"], x),
+    )
+    assert life.bytes(0, Phase.infer) == pytest.approx(state + infer + contexts)
+    assert life.bytes(0, Phase.reallocate) == pytest.approx(state + 2 * n + (64 << 20) + contexts)
+    assert engines_sleep(plan.calls, gpu=True) and not engines_sleep(plan.calls, gpu=False)
+    assert life.residency(0, Phase.generate) == {
+        ("actor", Kind.weights): "device",
+        ("actor", Kind.optimizer): "device",
+        ("critic", Kind.weights): "device",
+        ("critic", Kind.optimizer): "device",
+        ("ref", Kind.weights): "host",
+        ("engine", Kind.weights): "device",
+        ("engine", Kind.kv_cache): "device",
+    }
+    train_residency = life.residency(0, Phase.train)
+    assert train_residency[("actor", Kind.gradients)] == "device" and ("engine", Kind.weights) not in train_residency
+    realloc = life.residency(0, Phase.reallocate)
+    assert realloc[("engine", Kind.weights)] == "device" and ("engine", Kind.kv_cache) not in realloc
+    budget = life.engine_budget(1)
+    assert budget[Kind.weights] == pytest.approx(2 * n) and budget[Kind.kv_cache] == pytest.approx(kv)
+
+
+def test_on_cpu_the_engine_never_sleeps_and_a_resident_reference_stays():
+    life = memory_lifecycle(_plan(offload=False), _workload(), hardware("cpu", 1, 2))
+    for phase in Phase:
+        here = life.residency(1, phase)
+        assert here[("engine", Kind.weights)] == here[("engine", Kind.kv_cache)] == "device", phase
+        assert here[("ref", Kind.weights)] == "device", phase
+
+
+def test_the_cost_models_peak_is_the_lifecycles_fullest_phase():
+    plan, w, hw = _plan(offload=True), _workload(), hardware("h100", 1, 2)
+    life = memory_lifecycle(plan, w, hw)
+    cost = evaluator(w, hw).estimate(tuple(plan.calls.items()))
+    assert cost.peak_bytes_per_device == pytest.approx({d: life.fullest(d)[1] for d in (0, 1)})
+
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def _recipe(experiment: str, cluster: str, gpu: str, plan: str):
+    from trainer.compose import to_train_config
+    from trainer.config import register_configs
+
+    register_configs()
+    overrides = [f"experiment={experiment}", f"cluster={cluster}", f"cluster.hardware={gpu}", f"cluster.plan={plan}"]
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return to_train_config(compose(config_name="train", overrides=[*overrides, "cluster.plan_search_seconds=2"]))
+
+
+@pytest.mark.parametrize("plan", ["heuristic", "search"])
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+@pytest.mark.parametrize("cluster", ["gpu_1x8", "gpu_2x8"])
+@pytest.mark.parametrize("experiment", ["reward_paper_1.5b", "reward_paper_7b"])
+def test_the_recipes_plans_fit_every_device_in_every_phase(experiment, cluster, gpu, plan):
+    """The engine's budget while it generates, with everything else the device holds then, and every
+    other phase, fit the GPU (what vLLM checks at start-up and at wake-up, and what training needs)."""
+    from trainer.plan_select import model_specs, resolve_plan, workload
+
+    cfg = _recipe(experiment, cluster, gpu, plan)
+    specs = model_specs(cfg)
+    chosen = resolve_plan(cfg, specs)
+    cl = cfg.cluster
+    hw = hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
+    life = memory_lifecycle(chosen, workload(cfg, specs), hw)
+    for d in life.devices:
+        phase, used = life.fullest(d)
+        assert used <= hw.gpu_memory_bytes, f"device {d}: {phase} needs {used / GIB:.1f} GiB"
+    for d in chosen.calls["actor_gen"].devices:
+        engine = sum(life.engine_budget(d).values())
+        others = life.bytes(d, Phase.generate) - engine
+        assert engine + others <= hw.gpu_memory_bytes and engine > 0
