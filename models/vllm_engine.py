@@ -24,10 +24,10 @@ from __future__ import annotations
 
 import json
 import os
-import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,15 @@ class Completion:
     @property
     def num_tokens(self) -> int:
         return len(self.token_ids)
+
+
+class EngineMemory(StrEnum):
+    """What an engine holds on its device: ``awake`` weights and KV cache, ``weights`` only (woken to
+    be reloaded), ``asleep`` nothing (``VLLMEngine.sleep``)."""
+
+    awake = "awake"
+    weights = "weights"
+    asleep = "asleep"
 
 
 @dataclass
@@ -112,10 +121,19 @@ def _reprocess_vocab_layers(model: torch.nn.Module) -> None:
 CPU_MAX_NUM_BATCHED_TOKENS = 1 << 18
 
 
-def prompt_seed(seed: int, prompt_token_ids: Sequence[int]) -> int:
-    """A request seed from the call's seed and the prompt's tokens (stable across processes)."""
-    data = b",".join(str(int(t)).encode() for t in prompt_token_ids)
-    return (seed * 1_000_003 + zlib.crc32(data)) % (1 << 31)
+def _received(shard: Any) -> torch.Tensor:
+    """A shard as the device process handed it over: a tensor, or a CUDA IPC handle (rebuild function,
+    arguments) to memory of that process on this same GPU (``DeviceProcess._handoff``)."""
+    if isinstance(shard, torch.Tensor):
+        return shard
+    rebuild, args = shard
+    return rebuild(*args)
+
+
+def _seed_worker(worker: Any, seed: int) -> None:
+    """Seed the random generator vLLM's sampler draws from when requests carry no seed of their own
+    (runs on every worker of the engine: the TP ranks of an engine draw the same numbers)."""
+    torch.manual_seed(seed)
 
 
 def has_tokenizer(model_dir: str | Path) -> bool:
@@ -164,8 +182,8 @@ def llm_arguments(
     if on_gpu:
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     else:
-        # Seeded requests on vLLM-CPU crash when chunked prefill splits them ("CPU Generator does
-        # not use offset"); a token budget this large keeps every prefill in one step.
+        # A token budget this large keeps every prefill in one step (vLLM-CPU's chunked prefill also
+        # failed on seeded requests, "CPU Generator does not use offset", before seeds became per call).
         kwargs["max_num_batched_tokens"] = max(CPU_MAX_NUM_BATCHED_TOKENS, max_model_len)
     kwargs.update(llm_kwargs)
     return kwargs
@@ -225,6 +243,7 @@ def _join_engine_group(
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK="0", MASTER_ADDR=addr, MASTER_PORT=str(port))
     if not on_gpu:  # the ranks share the machine's cores; vLLM would pin each to the same ones
         os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        _unique_cpu_shm_names(port)
     if pp > 1:
         from reallocation.layout import pipeline_stage_of_layer
 
@@ -232,6 +251,22 @@ def _join_engine_group(
         stages = [pipeline_stage_of_layer(i + 1, num_layers, pp) for i in range(num_layers)]
         os.environ["VLLM_PP_LAYER_PARTITION"] = ",".join(str(stages.count(s)) for s in range(pp))
     return {"distributed_executor_backend": "external_launcher", "pipeline_parallel_size": pp}
+
+
+def _unique_cpu_shm_names(port: int) -> None:
+    """Name this engine's CPU shared-memory segments after its rendezvous port. vLLM-CPU names them
+    from the distributed init method, which ``external_launcher`` leaves as ``env://``: every such
+    engine on the machine then asks for "-tp:0-[0-1]-cpushm_0", and a second engine (another run, or
+    one whose predecessor was killed before it could unlink its segments) fails with errno 17."""
+    from vllm.distributed.device_communicators import cpu_communicator
+
+    shm: Any = cpu_communicator._CPUSHMDistributed
+    if getattr(shm, "realm_port", None) == port:
+        return
+    name_of = shm.__dict__["make_group_name"].__func__ if "realm_port" not in shm.__dict__ else shm.realm_name_of
+    shm.realm_name_of, shm.realm_port = name_of, port
+    # A segment name may hold no "/" past its first character.
+    shm.make_group_name = staticmethod(lambda c: "/realm" + str(port) + name_of(c).replace("/", ""))
 
 
 def _start_llm(
@@ -302,6 +337,9 @@ class VLLMEngine:
         import vllm
 
         on_gpu = torch.cuda.is_available()
+        # vLLM-CPU refuses sleep mode: on CPU the flag only drives the engine's memory state.
+        sleep_mode = bool(llm_kwargs.pop("enable_sleep_mode", False))
+        llm_kwargs.update({"enable_sleep_mode": True} if sleep_mode and on_gpu else {})
         self._torch_threads_before, self._set_num_threads = _one_torch_thread_on_cpu(on_gpu)
         kwargs = llm_arguments(
             model_dir,
@@ -317,12 +355,10 @@ class VLLMEngine:
         )
         engine = (rank, master, tensor_parallel_size, pipeline_parallel_size)
         self.llm = _start_llm(kwargs, engine, model_dir, on_gpu, None if on_gpu else kv_cache_gib)
-        self.tokenizer = self.llm.get_tokenizer()
-        self.seed = seed
+        self.tokenizer, self.seed = self.llm.get_tokenizer(), seed
         # An external_launcher engine always runs in this process; otherwise vLLM's own setting says.
         self._in_process = rank is not None or os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING", "1") == "0"
-        self.sleep_mode = bool(llm_kwargs.get("enable_sleep_mode")) and on_gpu
-        self.asleep = False
+        self._memory_state(sleep_mode, on_gpu)
         self.info = EngineInfo(
             model_dir=str(model_dir),
             tokenizer_dir=str(tokenizer_dir),
@@ -334,6 +370,13 @@ class VLLMEngine:
             kv_cache_gib=None if on_gpu else float(kv_cache_gib or os.environ.get("VLLM_CPU_KVCACHE_SPACE") or 0),
             extra={k: v for k, v in llm_kwargs.items() if isinstance(v, (str, int, float, bool))},
         )
+
+    def _memory_state(self, sleep_mode: bool, on_gpu: bool) -> None:
+        """Awake, with current weights (``sleep``, ``wake_weights`` and ``wake_kv_cache`` move it)."""
+        self.sleep_mode, self.on_gpu = sleep_mode, on_gpu
+        self.memory = EngineMemory.awake
+        self.stale = False  # weights allocated by wake_weights and not reloaded yet
+        self.transitions: list[EngineMemory] = []
 
     # -- generation ---------------------------------------------------------------------------
 
@@ -366,10 +409,10 @@ class VLLMEngine:
         than its engine's first runs the same requests, and its identical copy need not travel).
 
         ``prompts``: formatted strings or token-id lists. ``temperature=0`` is greedy (then top_p
-        is ignored). ``seed`` (default: the engine's seed) and the prompt's own content seed each
-        request's generator: a prompt's samples do not depend on which other prompts share the
-        batch, and different prompts do not share random numbers (one seed for all would make
-        sample j of every prompt draw the same noise).
+        is ignored). ``seed`` (default: the engine's seed) seeds the sampler once per call, so that
+        vLLM samples the whole batch on its batched path (a seed per request puts its sampler on a
+        per-request loop): the same call with the same prompts on the same engine settings draws
+        the same samples, while a prompt's samples now depend on the batch it is in.
         """
         from vllm import SamplingParams
 
@@ -377,22 +420,18 @@ class VLLMEngine:
             raise ValueError(f"n={n}: need at least one completion per prompt")
         if not prompts:
             return []
-        self.wake_up()
+        self.wake_kv_cache()
         greedy = temperature <= 0
-        base_seed = self.seed if seed is None else seed
         token_prompts = self._token_prompts(prompts)
-        params = [
-            SamplingParams(
-                n=n,
-                temperature=0.0 if greedy else temperature,
-                top_p=1.0 if greedy else top_p,
-                max_tokens=max_new_tokens,
-                seed=prompt_seed(base_seed, prompt["prompt_token_ids"]),
-                logprobs=0 if logprobs else None,
-                stop=list(stop) if stop else None,
-            )
-            for prompt in token_prompts
-        ]
+        params = SamplingParams(
+            n=n,
+            temperature=0.0 if greedy else temperature,
+            top_p=1.0 if greedy else top_p,
+            max_tokens=max_new_tokens,
+            logprobs=0 if logprobs else None,
+            stop=list(stop) if stop else None,
+        )
+        self.llm.collective_rpc(_seed_worker, args=(self.seed if seed is None else seed,))
         outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
         if not report:
             return []
@@ -439,6 +478,7 @@ class VLLMEngine:
         """
         from vllm import SamplingParams
 
+        self.wake_kv_cache()
         params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, detokenize=False)
         for seq in sequences:
             if len(seq) < 2:
@@ -467,13 +507,14 @@ class VLLMEngine:
         nothing keep their weights, so the usual call is the whole state dict. The prefix cache is
         cleared afterwards (cached KV entries were computed with the old weights).
         """
-        self.wake_up()
+        self.wake_weights()
         pairs: Iterable[tuple[str, torch.Tensor]] = weights.items() if isinstance(weights, Mapping) else weights
         if not self._in_process:
             # The engine runs in another process: arguments are serialized, so no lazy iterators.
             pairs = [(n, t.detach().cpu()) for n, t in pairs]
         counts = self.llm.collective_rpc(_reload_weights_on_worker, args=(pairs,))
         self.llm.reset_prefix_cache()
+        self.stale = False
         return int(counts[0]) if counts else 0
 
     def load_shards(self, shards: Iterable[tuple[str, tuple[int, ...], Any, torch.Tensor]]) -> int:
@@ -485,31 +526,54 @@ class VLLMEngine:
         """
         from reallocation.names import checkpoint_shaped
 
-        pairs = ((name, checkpoint_shaped(shard, box, tuple(shape))) for name, shape, box, shard in shards)
+        pairs = ((name, checkpoint_shaped(_received(shard), box, tuple(shape))) for name, shape, box, shard in shards)
         return self.load_weights(pairs)
 
     reload_weights = load_weights
     """Alias: ``reallocation.sync`` documents ``engine.reload_weights(weights)``."""
 
-    # -- sharing the GPU with training (vLLM sleep mode; GPU only) --------------------------------
+    # -- sharing the GPU with training (vLLM sleep mode) -----------------------------------------
 
-    def sleep(self) -> bool:
-        """Free the engine's GPU memory between generations: the KV cache is dropped and the weights
-        move to CPU (vLLM's ``sleep(level=1)``), so that training on the same GPU can use it.
+    def sleep(self) -> None:
+        """Give the device back between generations: drop the weights and the KV cache (vLLM's
+        ``sleep(level=2)``; level 1 would copy the weights to host memory and back, only for them to be
+        overwritten by the next reallocation). ``wake_weights``, a reload, then ``wake_kv_cache`` come
+        back. With ``enable_sleep_mode=True`` only; on CPU (vLLM-CPU has no sleep mode, and its memory is
+        the host's) the state changes and nothing is freed."""
+        if self.sleep_mode and self.memory != EngineMemory.asleep:
+            if self.on_gpu:
+                self.llm.sleep(level=2)
+            self._now(EngineMemory.asleep)
 
-        Only with ``enable_sleep_mode=True`` on a GPU (vLLM refuses sleep mode on CPU, where memory
-        is shared anyway); returns whether the engine is now asleep.
-        """
-        if self.sleep_mode and not self.asleep:
-            self.llm.sleep(level=1)
-            self.asleep = True
-        return self.asleep
+    def wake_weights(self) -> None:
+        """Allocate the weights (their values are stale after a level-2 sleep: a reload must follow)."""
+        if self.memory == EngineMemory.asleep:
+            if self.on_gpu:
+                self.llm.wake_up(tags=["weights"])
+            self._now(EngineMemory.weights)
+            self.stale = True
 
-    def wake_up(self) -> None:
-        """Take the memory back (weights and KV cache) before generating or loading weights."""
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+    def wake_kv_cache(self) -> None:
+        """Allocate the KV cache, just before generating; the weights must be current."""
+        if self.memory == EngineMemory.awake:
+            return
+        if self.memory == EngineMemory.asleep or self.stale:
+            raise RuntimeError(
+                "the engine slept (level 2: its weights were dropped) and was not reloaded: call "
+                "wake_weights() and load the weights before generating"
+            )
+        if self.on_gpu:
+            self.llm.wake_up(tags=["kv_cache"])
+        self._now(EngineMemory.awake)
+
+    def residency(self) -> dict[str, str]:
+        """What the engine holds on its device now: {"weights": "device", "kv_cache": "device"} awake."""
+        held = {EngineMemory.awake: ("weights", "kv_cache"), EngineMemory.weights: ("weights",)}
+        return {kind: "device" for kind in held.get(self.memory, ())}
+
+    def _now(self, memory: EngineMemory) -> None:
+        self.memory = memory
+        self.transitions.append(memory)
 
     def close(self) -> None:
         """Free the engine (and its KV cache) before building another one in the same process."""

@@ -97,7 +97,9 @@ def _fitting_knobs(
         if layout.dp * mb > w.batch:
             break
         for ckpt in (False, True) if CALL_KIND[call] == TRAIN else (False,):
-            for offload in (False, True) if call in OFFLOADABLE else (False,):
+            sharded = layout.tp > 1 or layout.pp > 1
+            can_offload = call in OFFLOADABLE and (w.limits.offload_sharded or not sharded)
+            for offload in (False, True) if can_offload else (False,):
                 alloc = CallAllocation(layout.devices, layout.pp, layout.dp, layout.tp, mb, ckpt, offload)
                 if ev.fits_alone(call, alloc):
                     out.append(alloc)

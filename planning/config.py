@@ -34,6 +34,10 @@ class ClusterConfig:
     or a path to a plan YAML file (validated against this cluster and the model)."""
     plan_search_seconds: float = 30.0
     """Time budget of `plan=search`."""
+    collective_timeout_s: float = 1800.0
+    """How long a collective (an all-reduce, an all-gather, a point-to-point transfer) may wait for its
+    peers before it fails, on every process group the device processes create. NCCL's watchdog default
+    (10 minutes) kills a healthy run whose collective waits behind a long call on another node."""
 
     @property
     def num_devices(self) -> int:
@@ -55,3 +59,5 @@ class ClusterConfig:
             raise ValueError(f"cluster.plan is empty: expected {', '.join(PLAN_RULES)} or a plan YAML path")
         if self.plan_search_seconds <= 0:
             raise ValueError(f"cluster.plan_search_seconds={self.plan_search_seconds}: must be > 0")
+        if self.collective_timeout_s <= 0:
+            raise ValueError(f"cluster.collective_timeout_s={self.collective_timeout_s}: must be > 0")

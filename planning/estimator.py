@@ -132,6 +132,9 @@ class LayoutLimits:
     kv_replication: bool = True
     """tp that does not divide the kv heads in training and inference calls (k/v replicated across tp
     ranks, as vLLM does; generation, which vLLM runs, may always replicate)."""
+    offload_sharded: bool = True
+    """offload for a frozen replica sharded by TP or pipeline stages (realm's runtime offloads only
+    whole replicas)."""
 
 
 @dataclass(frozen=True)

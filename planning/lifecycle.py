@@ -17,8 +17,8 @@ Phases and the calls in them (``runtime.schedule`` orders the calls inside a pha
 What the runtime holds (``runtime.device``), per device of the call that holds it:
 
 - a trained model (actor, critic) on its training devices: float32 weights and Adam's m and v (12 B a
-  parameter over FSDP x TP x PP) in every phase; float32 gradients (4 B) only while training (the
-  optimizer sets them to None after each step); activations while one of its calls runs;
+  parameter over FSDP x TP x PP) in every phase; float32 gradients (4 B) only during its own training
+  call (the optimizer sets them to None after each step); activations while one of its calls runs;
 - a frozen replica (reference, reward model) and critic inference's own replicas: weights in the run's
   compute dtype; an offloaded frozen replica waits in host memory and is on the device only during its
   call (the runtime refuses offload for replicas sharded by TP or pipeline stages);
@@ -36,6 +36,7 @@ import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 from planning.execution_plan import CALL_KIND, CALL_MODEL, GENERATE, INFERENCE, TRAIN, Call, CallAllocation
 from reallocation.layout import ModelSpec
@@ -140,14 +141,15 @@ def activation_bytes(call: str, spec: ModelSpec, alloc: CallAllocation, x: Input
     return tokens_mb * layer_acts + logits
 
 
-def _trained(model: str, alloc: CallAllocation, spec: ModelSpec) -> list[Holding]:
-    """A trained model's state on its training devices (float32 master weights, Adam, gradients)."""
+def _trained(model: str, call: str, alloc: CallAllocation, spec: ModelSpec) -> list[Holding]:
+    """A trained model's state on its training devices: float32 master weights and Adam in every
+    phase, float32 gradients during its own training call (freed after each optimizer step)."""
     share = spec.num_params() / (alloc.tp * alloc.pp * alloc.dp)
     every = frozenset(PHASES)
     return [
         Holding(model, Kind.weights, share * FP32, alloc.devices, every),
         Holding(model, Kind.optimizer, share * ADAM_BYTES, alloc.devices, every),
-        Holding(model, Kind.gradients, share * FP32, alloc.devices, frozenset({Phase.train})),
+        Holding(model, Kind.gradients, share * FP32, alloc.devices, frozenset({Phase.train}), during=call),
     ]
 
 
@@ -226,8 +228,8 @@ def _transfers(calls: Mapping[str, CallAllocation]) -> list[Holding]:
 
 def holdings(calls: Mapping[str, CallAllocation], x: Inputs) -> list[Holding]:
     """Everything a plan's devices hold over one iteration (the module docstring's rules)."""
-    out = [*_trained("actor", calls[Call.actor_train], x.specs["actor"])]
-    out += _trained("critic", calls[Call.critic_train], x.specs["critic"])
+    out = _trained("actor", Call.actor_train, calls[Call.actor_train], x.specs["actor"])
+    out += _trained("critic", Call.critic_train, calls[Call.critic_train], x.specs["critic"])
     out.append(_frozen("ref", Call.ref_inf, calls[Call.ref_inf], x.specs["ref"], x))
     if Call.rew_inf in calls:
         out.append(_frozen("reward", Call.rew_inf, calls[Call.rew_inf], x.specs["reward"], x))
@@ -264,6 +266,8 @@ class MemoryLifecycle:
     items: tuple[Holding, ...]
     devices: tuple[int, ...]
     capacity_bytes: float
+    engines_sleep: bool
+    """Whether the engines sleep between generations (``engines_sleep``)."""
 
     def bytes(self, device: int, phase: Phase) -> float:
         return phase_bytes(self.items, device, phase)
@@ -297,6 +301,23 @@ class MemoryLifecycle:
             elif phase in h.on_host:
                 out[h.owner, h.kind] = "host"
         return out
+
+    def to_json(self) -> dict[str, Any]:
+        """Per device and phase: GiB and what must be where (``residency``), for the run directory."""
+        return {
+            "capacity_gib": self.capacity_bytes / (1 << 30),
+            "engines_sleep": self.engines_sleep,
+            "devices": {
+                str(d): {
+                    str(p): {
+                        "gib": round(self.bytes(d, p) / (1 << 30), 3),
+                        "held": {f"{o}/{k}": w for (o, k), w in sorted(self.residency(d, p).items())},
+                    }
+                    for p in PHASES
+                }
+                for d in self.devices
+            },
+        }
 
     def table(self) -> list[str]:
         """Per device (devices with equal rows grouped): GiB in each phase, the fullest marked, and what
@@ -336,7 +357,7 @@ def _span(devices: list[int]) -> str:
 
 def memory_lifecycle(calls: Mapping[str, CallAllocation], x: Inputs, capacity_bytes: float) -> MemoryLifecycle:
     devices = tuple(sorted({d for a in calls.values() for d in a.devices}))
-    return MemoryLifecycle(tuple(holdings(calls, x)), devices, capacity_bytes)
+    return MemoryLifecycle(tuple(holdings(calls, x)), devices, capacity_bytes, engines_sleep(calls, x.gpu))
 
 
 def peak_bytes(items: Iterable[Holding], num_devices: int) -> list[float]:

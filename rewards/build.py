@@ -309,13 +309,18 @@ def build_reward_fn(
     device: str = "cpu",
     shard: Callable[[Any], Body | None] | None = None,
     num_microbatches: int = 1,
+    compute_dtype: str = "float32",
+    on_host: bool = False,
 ) -> RewardFn:
     """Load what ``cfg`` needs (a missing or mismatched reward model fails here, before any rollout);
-    ``shard``, ``num_microbatches``: how to shard the reward model and split its calls (``load_reward_model``)."""
+    ``shard``, ``num_microbatches``, ``compute_dtype``, ``on_host``: how to shard the reward model, split
+    its calls, in which dtype it loads and whether it starts in host memory (``load_reward_model``)."""
     if cfg.kind == RewardKind.success:
         return ShapedReward(cfg, policy_tokenizer)
     model_dir = resolve_reward_model(cfg.model.path)
-    reward_model: RewardModel = load_reward_model(model_dir, cfg.model, cfg.kind, device, shard, num_microbatches)
+    reward_model: RewardModel = load_reward_model(
+        model_dir, cfg.model, cfg.kind, device, shard, num_microbatches, compute_dtype, on_host
+    )
     trained_with = reward_model.info.get("step_delimiter")
     if cfg.kind == RewardKind.prm and trained_with is not None and trained_with != cfg.step_delimiter:
         raise RewardModelError(

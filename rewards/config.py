@@ -75,8 +75,9 @@ class RewardModelConfig:
     """Responses per reward-model forward pass."""
     max_length: int = 0
     """Longest RM input in tokens (0: the model's max_position_embeddings); longer inputs keep their end."""
-    dtype: str = "float32"
-    """float32, bfloat16 or float16 (GPU)."""
+    dtype: str = "auto"
+    """The reward model's weights: auto (the run's compute dtype, model.dtype, as the cost model prices
+    them), float32, bfloat16 or float16 (GPU)."""
 
     def __post_init__(self) -> None:
         if self.path.startswith("builtin:") and self.path not in BUILTIN_REWARD_MODELS:
@@ -85,7 +86,8 @@ class RewardModelConfig:
             )
         if self.batch_size < 1:
             raise ValueError(f"reward.model.batch_size={self.batch_size}: must be >= 1")
-        check_dtype(self.dtype, "reward.model.dtype")
+        if self.dtype != "auto":
+            check_dtype(self.dtype, "reward.model.dtype")
 
 
 @dataclass

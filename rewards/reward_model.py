@@ -357,22 +357,8 @@ def make_reader(model, readout: Readout, tokenizer=None, good_token: str = "+", 
     raise RewardModelError(f"readout {readout} must be resolved before building a reader")
 
 
-def load_reward_model(
-    model_dir: Path,
-    cfg: RewardModelConfig,
-    kind: RewardKind,
-    device: str = "cpu",
-    shard: Callable[[Any], Body | None] | None = None,
-    num_microbatches: int = 1,
-) -> RewardModel:
-    """Load the reward model in ``model_dir`` for ``kind`` (orm or prm), with config overrides applied.
-
-    ``shard``: shards the loaded model in place (before its head is looked up) and returns the body
-    to run instead of the model's own, or None to keep it. ``num_microbatches``: ``RewardModel``'s."""
-    from transformers import AutoTokenizer
-
-    model_dir = Path(model_dir)
-    info = read_rm_info(model_dir)
+def _checked_readout(model_dir: Path, info: dict[str, Any], cfg: RewardModelConfig, kind: RewardKind) -> Readout:
+    """How ``model_dir``'s scores are read, refused when it cannot serve ``kind``."""
     readout = cfg.readout if cfg.readout != Readout.auto else _infer_readout(model_dir, info)
     if kind == RewardKind.prm and readout == Readout.seq_cls:
         raise RewardModelError(
@@ -385,6 +371,31 @@ def load_reward_model(
         )
     if "kind" in info and info["kind"] != kind.value:
         raise RewardModelError(f"{model_dir} was trained as a {info['kind'].upper()} but reward.kind={kind.value}")
+    return readout
+
+
+def load_reward_model(
+    model_dir: Path,
+    cfg: RewardModelConfig,
+    kind: RewardKind,
+    device: str = "cpu",
+    shard: Callable[[Any], Body | None] | None = None,
+    num_microbatches: int = 1,
+    compute_dtype: str = "float32",
+    on_host: bool = False,
+) -> RewardModel:
+    """Load the reward model in ``model_dir`` for ``kind`` (orm or prm), with config overrides applied.
+
+    The weights load in host memory in ``cfg.dtype`` (``auto``: ``compute_dtype``, the run's); ``shard``
+    then puts its part on the device (it shards the model in place, before its head is looked up, and
+    returns the body to run instead of the model's own, or None to keep it); an unsharded model moves to
+    ``device`` whole, unless ``on_host`` (offloaded: it visits the device for each call).
+    ``num_microbatches``: ``RewardModel``'s."""
+    from transformers import AutoTokenizer
+
+    model_dir = Path(model_dir)
+    info = read_rm_info(model_dir)
+    readout = _checked_readout(model_dir, info, cfg, kind)
 
     def pick(override, key, default):
         return override if override is not None else info.get(key, default)
@@ -397,11 +408,14 @@ def load_reward_model(
         step_tag=step_tag if kind == RewardKind.prm else "",
     )
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = auto_model_class(readout).from_pretrained(model_dir, dtype=torch_dtype(cfg.dtype)).to(device).eval()
+    dtype = torch_dtype(compute_dtype if cfg.dtype == "auto" else cfg.dtype)
+    model = auto_model_class(readout).from_pretrained(model_dir, dtype=dtype).eval()
     if model.config.pad_token_id is None:  # needed to pad batches (and for seq_cls pooling)
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         model.config.pad_token_id = pad if pad is not None else 0
     body = shard(model) if shard is not None else None
+    if shard is None and not on_host:
+        model.to(device)
     reader = make_reader(
         model, readout, tokenizer, pick(cfg.good_token, "good_token", "+"), pick(cfg.bad_token, "bad_token", "-")
     )

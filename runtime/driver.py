@@ -26,6 +26,7 @@ receives exactly the bytes it does not hold. Each call reports its start and end
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from planning.execution_plan import Call, CallAllocation, ExecutionPlan
+from planning.lifecycle import Kind, MemoryLifecycle, Phase
 from ppo.batch import microbatches_per_minibatch, num_rows, select, update_rows, update_seed
 from reallocation.layout import Holdings, ModelSpec
 from rewards.types import RewardBatch, merge_reward_batches
@@ -141,31 +143,63 @@ def _recipes(
     }
 
 
-def _start_engines(pool: Any, plan: ExecutionPlan, backend: str, engine_kwargs: dict[str, Any]) -> bool:
+def engine_memory_kwargs(lifecycle: MemoryLifecycle, device: int, on_gpu: bool) -> dict[str, Any]:
+    """The engine rank's memory on ``device``, as the plan's lifecycle budgets it: its KV cache exactly
+    (``kv_cache_memory_bytes``) and, on a GPU, a ``gpu_memory_utilization`` that covers its weights, KV
+    cache, working memory and context, so that vLLM's start-up check (free memory >= utilization x
+    total) asks for what the engine will hold and no more (vLLM's default, 0.85, would ask for most of
+    a GPU that training shares). On CPU the KV cache alone (vLLM-CPU's own setting)."""
+    budget = lifecycle.engine_budget(device)
+    kv = int(budget[Kind.kv_cache])
+    if not on_gpu:
+        return {"kv_cache_gib": kv / (1 << 30)}
+    utilization = math.ceil(1000 * sum(budget.values()) / lifecycle.capacity_bytes) / 1000
+    return {"kv_cache_memory_bytes": kv, "gpu_memory_utilization": min(utilization, 1.0)}
+
+
+def _start_engines(
+    pool: Any, plan: ExecutionPlan, engine_kwargs: dict[str, Any], lifecycle: MemoryLifecycle, on_gpu: bool
+) -> None:
     """One vLLM engine rank beside each generation device (a replica's pp stages of tp devices are
-    one engine); returns whether they sleep between calls (GPU only: on GPUs that other calls use,
-    vLLM gives its memory back to training)."""
+    one engine), each with the memory the lifecycle gives it; with sleep mode when the lifecycle has
+    the engines sleep between generations."""
     from models.vllm_engine import VLLMEngine
 
-    alloc = plan.calls["actor_gen"]
-    gen = set(alloc.devices)
-    if backend != "nccl":  # CPU: the engines share the 1 GiB KV cache one engine would have had
-        engine_kwargs = {**engine_kwargs, "kv_cache_gib": max(0.25, 1.0 / len(gen))}
-    others = {d for c, a in plan.calls.items() if c != "actor_gen" for d in a.devices}
-    sleeps = backend == "nccl" and bool(gen & others)
+    alloc = plan.calls[Call.actor_gen]
+    gen = sorted(alloc.devices)
     common = {
         **engine_kwargs,
         "tensor_parallel_size": alloc.tp,
         "pipeline_parallel_size": alloc.pp,
-        **({"enable_sleep_mode": True} if sleeps else {}),
+        **({"enable_sleep_mode": True} if lifecycle.engines_sleep else {}),
     }
-    per_device = {d: common for d in gen}
+    per_device = {d: {**common, **engine_memory_kwargs(lifecycle, d, on_gpu)} for d in gen}
     if alloc.tp * alloc.pp > 1:  # each replica's companions build one engine together, on a port of their own
         for pipe in replicas(alloc):
             master = pool.rendezvous(pipe.devices_in_order[0])  # the engine's rank 0 listens on its own node
-            per_device.update({d: {**common, "rank": i, "master": master} for i, d in enumerate(pipe.devices_in_order)})
-    pool.add_companions("engine", sorted(gen), VLLMEngine, per_device.__getitem__)
-    return sleeps
+            for i, d in enumerate(pipe.devices_in_order):
+                per_device[d] = {**per_device[d], "rank": i, "master": master}
+    pool.add_companions(ENGINE, gen, VLLMEngine, per_device.__getitem__)
+
+
+def _device_process_kwargs(
+    plan: ExecutionPlan, pool: Any, recipes: Mapping[Role, tuple[type, dict[str, Any]]], common: dict[str, Any]
+) -> Callable[[int], dict[str, Any]]:
+    """Device -> its ``DeviceProcess`` arguments: the world's rendezvous (on the node of the first
+    device, world rank 0), every process group the plan needs, and the shards of its roles with the
+    grid or stages each is sharded over."""
+    (master_addr, port), groups = pool.rendezvous(common["devices"][0]), mesh_groups(plan)
+
+    def kwargs_of(device: int) -> dict[str, Any]:
+        builders = {}
+        for role in roles_on(plan, device):
+            shard_cls, kwargs = recipes[role]
+            builders[role] = (shard_cls, kwargs, grid_on(plan, role, device))
+        return dict(
+            device=device, master_addr=master_addr, master_port=port, groups=groups, builders=builders, **common
+        )
+
+    return kwargs_of
 
 
 class PlanRuntime:
@@ -178,15 +212,15 @@ class PlanRuntime:
     """
 
     def __init__(self, plan: ExecutionPlan, pool: Any, reward_actor: Any, ppo: Any, seed: int, engine_boxes: Holdings):
-        from runtime.placement import wait_any
-
         self.plan, self.pool, self.ppo, self.seed = plan, pool, ppo, seed
         self.reward_actor = reward_actor  # the grader alone (no rew_inf): an actor that holds no device
         self.num_reward_calls = 0
         self.events: list[Event] = []
         self.gen_replicas = replicas(plan.calls[Call.actor_gen])
         self.engines_sleep = False
-        self.scheduler = Scheduler(lambda parts: [f for _, _, f in parts], wait_any)
+        self.residency_log: list[dict[str, Any]] = []
+        """Per phase of each iteration, what every device held at its start (``snapshot``)."""
+        self.scheduler = Scheduler(lambda parts: [f for _, _, f in parts], pool.wait_any)
         self.weight_sync = WeightSync(self, engine_boxes)
 
     @classmethod
@@ -205,9 +239,13 @@ class PlanRuntime:
         critic_dir: str,
         reward_cfg: Any,
         engine_kwargs: dict[str, Any],
+        lifecycle: MemoryLifecycle,
+        collective_timeout_s: float = 1800.0,
     ) -> PlanRuntime:
-        """Place one DeviceProcess per plan device (one placement group), build every model shard,
-        start the vLLM engines beside the generation devices and the reward function."""
+        """Place one DeviceProcess per plan device (one placement group), build every model shard (in
+        host memory, each putting only its own part on the device), then start the vLLM engines beside
+        the generation devices within the budgets of the plan's memory ``lifecycle``, and the reward
+        function."""
         from transformers import AutoConfig
 
         actor_spec = ModelSpec.from_hf_config(AutoConfig.from_pretrained(policy_dir))
@@ -220,33 +258,17 @@ class PlanRuntime:
             dict(dtype=dtype, seed=seed),
             dict(ppo=ppo, num_iterations=num_iterations),
             dict(policy_dir=policy_dir, critic_dir=critic_dir, temperature=temperature),
-            {**reward_kwargs, "device": "cuda" if backend == "nccl" else "cpu"},
+            {**reward_kwargs, "device": "cuda" if backend == "nccl" else "cpu", "dtype": dtype},
         )
-        (master_addr, port), groups = pool.rendezvous(devices[0]), mesh_groups(plan)  # devices[0] is rank 0
-
-        def kwargs_of(device: int) -> dict[str, Any]:
-            builders = {}
-            for role in roles_on(plan, device):
-                shard_cls, kwargs = recipes[role]
-                builders[role] = (shard_cls, kwargs, grid_on(plan, role, device))
-            return dict(
-                device=device,
-                devices=devices,
-                master_addr=master_addr,
-                master_port=port,
-                backend=backend,
-                groups=groups,
-                dtype=dtype,
-                builders=builders,
-            )
-
+        process = dict(devices=devices, backend=backend, dtype=dtype, collective_timeout_s=collective_timeout_s)
+        kwargs_of = _device_process_kwargs(plan, pool, recipes, process)
         pool.build(DeviceProcess, kwargs_of)
-        sleeps = _start_engines(pool, plan, backend, engine_kwargs)
+        _start_engines(pool, plan, engine_kwargs, lifecycle, on_gpu=backend == "nccl")
         reward_actor = None
         if Call.rew_inf not in plan.calls:  # the grader alone: no model, no device
             reward_actor = cluster.group(RewardShard, 1, reward_kwargs, name="reward", distributed=False)
         runtime = cls(plan, pool, reward_actor, ppo, seed, engine_holdings(plan, actor_spec))
-        runtime.engines_sleep = sleeps
+        runtime.engines_sleep = lifecycle.engines_sleep
         return runtime
 
     # -- dispatch ------------------------------------------------------------------------------
@@ -312,10 +334,8 @@ class PlanRuntime:
 
     def _collect(self, parts: list[Part], record: bool = True) -> dict[tuple[str, int], Any]:
         """Wait for started ``parts``, record their events, and return their results by (call, device)."""
-        from runtime.placement import wait
-
         out = {}
-        for (call, device, _), (value, start, end) in zip(parts, wait([f for _, _, f in parts])):
+        for (call, device, _), (value, start, end) in zip(parts, self.pool.wait([f for _, _, f in parts])):
             if record:
                 self.events.append(Event(call, device, start, end))
             out[call, device] = value
@@ -339,7 +359,9 @@ class PlanRuntime:
                 (
                     Call.actor_gen,
                     d,
-                    self.pool.submit(d, "generate", ids[i::num], report=d == firsts[i], companion=ENGINE, **sampling),
+                    self.pool.submit(
+                        d, "generate", ids[i::num], report=d == firsts[i], companion=ENGINE, **replica_seed(sampling, i)
+                    ),
                 )
                 for i, pipe in enumerate(self.gen_replicas)
                 for d in pipe.devices
@@ -353,14 +375,14 @@ class PlanRuntime:
             return merged
 
         devices = frozenset(d for pipe in self.gen_replicas for d in pipe.devices)
+        self.prepare(Phase.generate)
         (merged,) = self.run(Task(Call.actor_gen, devices, start, finish))
-        if self.engines_sleep:  # GPU only: give the memory back to training until the next call
-            self._on_engines("sleep")
         return merged
 
     def infer(self, batch: Mapping[str, torch.Tensor], samples: list[Any]) -> Scores:
         """rew_inf, actor_inf (the old logprobs on actor_train's layout), ref_inf and critic_inf, started
         by readiness: calls on disjoint devices run side by side."""
+        self.prepare(Phase.infer)
         calls = self.plan.calls
         critic = (
             (Role.critic_inf, CriticShard.compute_values)
@@ -400,6 +422,7 @@ class PlanRuntime:
     def start_training(self, batch: Mapping[str, torch.Tensor], iteration: int) -> Training:
         """actor_train and critic_train, started by readiness (side by side on disjoint devices);
         ``finish_training`` waits for them."""
+        self.prepare(Phase.train)
         calls = self.plan.calls
         actor = self.task(Call.actor_train, Role.actor, PolicyShard.update, calls[Call.actor_train], batch, iteration)
         critic = self.task(
@@ -454,10 +477,36 @@ class PlanRuntime:
             return self.reward_actor.call(method.__name__, *args)[0]
         return self.on_role(Role.reward, method, *args)
 
-    def _on_engines(self, method: str, *args: Any) -> None:
-        from runtime.placement import wait
+    def prepare(self, phase: Phase) -> None:
+        """Bring the engines to what ``phase`` needs (the lifecycle's rule: awake to generate, asleep
+        while other calls use their devices; the weight sync wakes their weights itself), then note what
+        every device holds (``residency_log``)."""
+        if self.engines_sleep:
+            self._on_engines("wake_kv_cache" if phase == Phase.generate else "sleep")
+        self.snapshot(phase)
 
-        wait([self.pool.submit(d, method, *args, companion=ENGINE) for d in self.plan.calls[Call.actor_gen].devices])
+    def sleep_engines(self) -> None:
+        """Engines give their memory back now (before a checkpoint loads into the shards beside them;
+        the next weight sync wakes and reloads them)."""
+        if self.engines_sleep:
+            self._on_engines("sleep")
+
+    def snapshot(self, phase: Phase) -> None:
+        """Append what every device holds now ("owner/kind" -> "device" | "host", engines included)."""
+        devices = self.pool.devices
+        gen = self.plan.calls[Call.actor_gen].devices
+        held = self.pool.wait([self.pool.submit(d, "residency", timed=False) for d in devices])
+        engines = dict(
+            zip(gen, self.pool.wait([self.pool.submit(d, "residency", timed=False, companion=ENGINE) for d in gen]))
+        )
+        for d, h in zip(devices, held):
+            engine = {f"engine/{kind}": where for kind, where in engines.get(d, {}).items()}
+            self.residency_log.append({"phase": str(phase), "device": d, "held": {**h, **engine}})
+
+    def _on_engines(self, method: str, *args: Any) -> None:
+        self.pool.wait(
+            [self.pool.submit(d, method, *args, companion=ENGINE) for d in self.plan.calls[Call.actor_gen].devices]
+        )
 
     def placement(self) -> dict[str, Any]:
         """Where every device process sits (reported from inside it) and what it hosts."""
@@ -503,14 +552,15 @@ class WeightSync:
             rt.scheduler.add(t)
         return tasks
 
+    def run(self) -> dict[str, float]:
+        return self.finish(self.start())
+
     def finish(self, tasks: list[Task]) -> dict[str, float]:
         out: dict[str, float] = {}
         for metrics in self.runtime.scheduler.wait(*tasks):
             out.update(metrics)
+        self.runtime.snapshot(Phase.reallocate)
         return out
-
-    def run(self) -> dict[str, float]:
-        return self.finish(self.start())
 
     def _task(self, role: Role, src: CallAllocation, dst: CallAllocation, after: tuple[Task, ...]) -> Task:
         """``role``'s reallocation from ``src``'s layout to ``dst``'s devices, over the union of both;
@@ -522,6 +572,8 @@ class WeightSync:
 
         def start() -> list[Part]:
             parts: list[Part] = []
+            if to_engine:  # the engines' weights come back just before they are loaded (queued first)
+                parts += [(f"{call}_wake", d, pool.submit(d, "wake_weights", companion=ENGINE)) for d in dst.devices]
             for d in union:
                 weights, info = pool.submit(
                     d, "reallocate", role, dst_role, src.devices, dst.devices, boxes, timed=False, num_returns=2
@@ -551,6 +603,13 @@ def _gathered(gather: Gather, values: dict[tuple[str, int], Any], reporters: lis
     if gather == Gather.first:
         return by_device[reporters[0]]
     return None
+
+
+def replica_seed(sampling: Mapping[str, Any], replica: int) -> dict[str, Any]:
+    """``sampling`` with the seed of generation replica ``replica``: each replica's sampler draws its own
+    numbers (one seed per call and engine; the ranks of one replica share it)."""
+    seed = sampling.get("seed")
+    return {**sampling, "seed": None if seed is None else (seed * 1_000_003 + replica) % (1 << 63)}
 
 
 def split_rows(data: Any, num_parts: int) -> list[Any]:

@@ -398,6 +398,14 @@ class DevicePool:
         fn = actor.run_timed if timed else actor.run
         return (fn.options(num_returns=num_returns) if num_returns != 1 else fn).remote(method, *args, **kwargs)
 
+    def wait(self, futures: Sequence[Any]) -> list[Any]:
+        """Results of ``submit`` futures, in order."""
+        return wait(futures)
+
+    def wait_any(self, futures: Sequence[Any]) -> list[Any]:
+        """Block until at least one of ``futures`` is ready; the ready ones."""
+        return wait_any(futures)
+
     def where(self) -> dict[int, dict[str, Any]]:
         """Per device, what its host actor reports from inside: node id, GPU ids, pid."""
         found = ray.get([self.hosts[d].where.remote() for d in self.devices])

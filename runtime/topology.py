@@ -41,8 +41,8 @@ class UnsupportedPlan(ValueError):
 
 # What check_supported lets through, for the plan search (``cluster.plan=search`` looks only at these):
 # pipeline stages in every call (``runtime.device.pipeline``; generation as vLLM's), TP dividing the kv heads
-# outside generation.
-RUNTIME_LIMITS = LayoutLimits(pipeline_calls=None, generation_tp=True, kv_replication=False)
+# outside generation, offload of whole (unsharded) frozen replicas only.
+RUNTIME_LIMITS = LayoutLimits(pipeline_calls=None, generation_tp=True, kv_replication=False, offload_sharded=False)
 
 
 def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None = None) -> None:
@@ -65,6 +65,11 @@ def check_supported(plan: ExecutionPlan, specs: Mapping[str, ModelSpec] | None =
                 vllm_local_shapes(spec, alloc.tp)
             except ValueError as e:
                 raise UnsupportedPlan(f"{where}: calls.actor_gen.tp={alloc.tp}: {e} (vLLM's sharding)") from None
+        if alloc.offload and (alloc.tp > 1 or alloc.pp > 1):
+            raise UnsupportedPlan(
+                f"{where}: calls.{name}.offload with tp={alloc.tp}, pp={alloc.pp}: the runtime offloads whole "
+                "replicas only (tp = pp = 1); drop offload or the sharding"
+            )
         if name in SHARDED_CALLS and spec is not None and spec.num_kv_heads % alloc.tp:
             raise UnsupportedPlan(
                 f"{where}: calls.{name}.tp={alloc.tp} does not divide num_key_value_heads={spec.num_kv_heads}: "

@@ -41,6 +41,7 @@ from trainer.rollout import Rollout, iteration_problems, pad_batch, prompt_ids, 
 
 if TYPE_CHECKING:
     from planning.execution_plan import ExecutionPlan
+    from planning.lifecycle import MemoryLifecycle
     from ppo.kl import AdaptiveKLController, FixedKLController
     from rewards.types import RewardBatch
     from runtime.driver import Event, PlanRuntime, Scores, Training
@@ -134,21 +135,26 @@ def resolve_reward_model_dir(cfg: TrainConfig) -> Path | None:
         raise TrainingError(str(e)) from None
 
 
-def execution_plan(cfg: TrainConfig, policy_dir: Path, reward_dir: Path | None, run_dir: Path) -> ExecutionPlan:
+def execution_plan(
+    cfg: TrainConfig, policy_dir: Path, reward_dir: Path | None, run_dir: Path
+) -> tuple[ExecutionPlan, MemoryLifecycle]:
     """The run's plan (``trainer.plan_select.resolve_plan``: heuristic, search, disjoint or a file),
-    checked against the cluster and the models and written to ``run_dir/plan.yaml``."""
+    checked against the cluster and the models and written to ``run_dir/plan.yaml``, and its memory
+    lifecycle (``run_dir/memory_lifecycle.json``: per device and phase, what the runtime will hold)."""
     from planning.execution_plan import PlanError
     from runtime.topology import UnsupportedPlan, check_supported
-    from trainer.plan_select import model_specs, resolve_plan
+    from trainer.plan_select import model_specs, plan_lifecycle, resolve_plan
 
     critic_dir = policy_dir if cfg.critic.from_policy else None
     try:
         specs = model_specs(cfg, actor_dir=policy_dir, critic_dir=critic_dir, reward_dir=reward_dir)
         plan = resolve_plan(cfg, specs, run_dir=run_dir, log=_log)
         check_supported(plan, specs)
-        return plan
     except (PlanError, UnsupportedPlan) as e:
         raise TrainingError(str(e)) from None
+    lifecycle = plan_lifecycle(cfg, plan, specs)
+    atomic_write_text(run_dir / "memory_lifecycle.json", json.dumps(lifecycle.to_json(), indent=1))
+    return plan, lifecycle
 
 
 @dataclass
@@ -199,8 +205,8 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
     run = None
     try:
         policy_dir = warm_start(cfg, base_dir, train_problems)
-        plan = execution_plan(cfg, policy_dir, reward_dir, run_dir)
-        runtime = deploy(cfg, cluster, plan, policy_dir)
+        plan, lifecycle = execution_plan(cfg, policy_dir, reward_dir, run_dir)
+        runtime = deploy(cfg, cluster, plan, lifecycle, policy_dir)
         run = Run(
             cfg,
             run_dir,
@@ -259,8 +265,11 @@ def run_iterations(run: Run, start: int) -> None:
         run.last_eval = heldout_success(run, run.cfg.run.seed)
 
 
-def deploy(cfg: TrainConfig, cluster: RayCluster, plan: ExecutionPlan, policy_dir: Path) -> PlanRuntime:
-    """Place the plan's device workers, engines and reward function (``runtime.driver``)."""
+def deploy(
+    cfg: TrainConfig, cluster: RayCluster, plan: ExecutionPlan, lifecycle: MemoryLifecycle, policy_dir: Path
+) -> PlanRuntime:
+    """Place the plan's device processes, engines (within ``lifecycle``'s budgets) and reward function
+    (``runtime.driver``)."""
     from runtime.driver import PlanRuntime
     from runtime.placement import PlacementError
     from runtime.topology import UnsupportedPlan
@@ -288,6 +297,8 @@ def deploy(cfg: TrainConfig, cluster: RayCluster, plan: ExecutionPlan, policy_di
             critic_dir=str(critic_dir),
             reward_cfg=cfg.reward,
             engine_kwargs=engine_kwargs,
+            lifecycle=lifecycle,
+            collective_timeout_s=cfg.cluster.collective_timeout_s,
         )
     except (PlacementError, UnsupportedPlan) as e:
         raise TrainingError(str(e)) from None
@@ -303,9 +314,12 @@ def resume_or_begin(run: Run) -> int:
         run.before = heldout_success(run, cfg.run.seed, iteration=0)["heldout/success"]
         _log(f"[eval] held-out success before training: {run.before:.3f} ({len(run.heldout)} problems)")
         run.writer.log(0, {"heldout/success": run.before})
+        run.writer.log_residency(0, run.runtime.residency_log)
+        run.runtime.residency_log.clear()
         run.last_eval = {"heldout/success": run.before}
         return 0
     state = load_state(ckpt)
+    runtime.sleep_engines()  # the checkpoint loads into shards beside them; the weight sync below wakes them
     runtime.on_role(Role.actor, PolicyShard.load_checkpoint, str(ckpt / "policy"))
     runtime.on_role(Role.critic, CriticShard.load_checkpoint, str(ckpt / "critic"))
     run.kl_ctl.load_state_dict(state["kl"])
@@ -404,6 +418,8 @@ def log_iteration(
     writer = run.writer
     assert writer is not None, "resume_or_begin opens the metrics writer"
     writer.log(it + 1, metrics)
+    writer.log_residency(it + 1, run.runtime.residency_log)
+    run.runtime.residency_log.clear()
     records = rollout_records(rollouts, exp.reward)
     writer.log_samples(it + 1, records[: cfg.run.num_logged_samples])
     if cfg.run.rollouts_every and (it + 1) % cfg.run.rollouts_every == 0:

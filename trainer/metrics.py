@@ -35,8 +35,9 @@ class MetricsWriter:
         self.path = run_dir / "metrics.jsonl"
         self.samples_path = run_dir / "samples.jsonl"
         self.heldout_path = run_dir / "heldout.jsonl"
+        self.residency_path = run_dir / "residency.jsonl"
         keep_through = -1 if resume_from_iteration is None else resume_from_iteration
-        for path in (self.path, self.samples_path, self.heldout_path):
+        for path in (self.path, self.samples_path, self.heldout_path, self.residency_path):
             if path.exists():
                 kept = [
                     line
@@ -82,6 +83,13 @@ class MetricsWriter:
         }
         with self.heldout_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
+
+    def log_residency(self, iteration: int, rows: list[dict[str, Any]]) -> None:
+        """What every device held at the start of each phase of this iteration (``PlanRuntime.snapshot``),
+        beside the plan's ``memory_lifecycle.json``: the two should say the same."""
+        with self.residency_path.open("a", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps({"iteration": iteration, **row}) + "\n")
 
     def write_rollouts(self, iteration: int, rollouts: list[dict[str, Any]]) -> None:
         """One iteration's whole batch of rollouts, to rollouts/iter_NNNNNN.jsonl (atomically); each

@@ -29,7 +29,7 @@ from rewards.config import BUILTIN_REWARD_MODELS, RewardKind
 from trainer.config import TrainConfig
 
 if TYPE_CHECKING:
-    pass
+    from planning.lifecycle import MemoryLifecycle
 
 PLAN_FILE = "plan.yaml"
 PUBLIC_REWARD_MODEL_SHAPES = {
@@ -266,3 +266,12 @@ def dry_run_report(cfg: TrainConfig, run_dir: Path | None = None) -> list[str]:
         f"peak {cost.peak_bytes / gib:.1f} GiB/device"
     )
     return lines
+
+
+def plan_lifecycle(cfg: TrainConfig, plan: ExecutionPlan, specs: dict[str, ModelSpec]) -> MemoryLifecycle:
+    """The plan's device-memory lifecycle on the configured hardware (``planning.lifecycle``): what the
+    cost model priced, and the budgets and phases the runtime follows."""
+    from planning.estimator import hardware, memory_lifecycle
+
+    cl = cfg.cluster
+    return memory_lifecycle(plan, workload(cfg, specs), hardware(cl.hardware, cl.num_nodes, cl.devices_per_node))

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from reallocation.layout import Holdings
+from runtime.device.memory import DeviceMemory
 from runtime.meshes import Grid, Pipeline
 
 
@@ -38,22 +39,34 @@ class DeviceProcess:
         groups: Sequence[tuple[int, ...]],
         dtype: str,
         builders: Mapping[str, tuple[type, dict, Grid | Pipeline]],
+        collective_timeout_s: float = 1800.0,
     ):
+        """``collective_timeout_s``: how long a collective may wait for its peers before it fails (every
+        process group; NCCL's watchdog otherwise kills a healthy run at 10 minutes when one node's call
+        outlasts another's)."""
+        import datetime
+
         import torch.distributed as dist
 
         self.device, self.devices = device, tuple(devices)
         self.rank_of = {d: i for i, d in enumerate(self.devices)}
+        timeout = datetime.timedelta(seconds=collective_timeout_s)
         dist.init_process_group(
             backend,
             init_method=f"tcp://{master_addr}:{master_port}",
             rank=self.rank_of[device],
             world_size=len(self.devices),
+            timeout=timeout,
         )
-        self.groups = {g: dist.new_group([self.rank_of[d] for d in g]) for g in groups}
+        self.groups = {g: dist.new_group([self.rank_of[d] for d in g], timeout=timeout) for g in groups}
         self.backend, self.dtype = backend, dtype
+        on_gpu = backend == "nccl"
+        self.memory = DeviceMemory(torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu"))
+        self._ipc_keepalive: list[torch.Tensor] = []
         self.shards: dict[str, Any] = {}
         for role, (cls, kwargs, mesh) in builders.items():
             self.shards[role] = cls(self._ranks(mesh), **kwargs)
+        self.memory.release("shards built")  # loading's cached blocks go back before an engine starts beside us
 
     def _ranks(self, mesh: Grid | Pipeline) -> Any:
         """This device's ``Ranks`` in a model sharded over ``mesh``: a grid (dp rows x tp columns),
@@ -96,7 +109,19 @@ class DeviceProcess:
         )
 
     def call(self, role: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        return getattr(self.shards[role], method)(*args, **kwargs)
+        """``method`` of ``role``'s shard; then the memory the call freed goes back to the device (the
+        engine beside this process may need it next)."""
+        try:
+            return getattr(self.shards[role], method)(*args, **kwargs)
+        finally:
+            self.memory.release(f"after {role}.{method}")
+
+    def residency(self) -> dict[str, str]:
+        """What this device holds now, "owner/kind" -> "device" | "host" (``planning.lifecycle``'s keys)."""
+        out: dict[str, str] = {}
+        for shard in self.shards.values():
+            out.update({f"{owner}/{kind}": where for (owner, kind), where in shard.residency().items()})
+        return out
 
     def reallocate(
         self,
@@ -121,6 +146,7 @@ class DeviceProcess:
         from reallocation.sync import drain, iter_plan_weights, plan_sync, source_shards
 
         start = time.time()
+        self._ipc_keepalive.clear()  # the engine loaded the last reallocation's shards before this one began
         group = self.groups[tuple(sorted(set(src_devices) | set(dst_devices)))]
         src_shard = self.shards.get(src_role) if self.device in src_devices else None
         src = source_shards(src_shard.model if src_shard is not None else {}, group)
@@ -135,8 +161,8 @@ class DeviceProcess:
         else:  # whatever the destination replicas' own (FSDP/TP) shards are
             dst = source_shards(dst_model if dst_model is not None else {}, group).holdings
         plan = plan_sync(src, dst)
-        # The engine computes in the run's dtype; a critic replica keeps the exact training weights.
-        wire = {n: (self.engine_dtype() if to_engine else src.dtypes[n]) for n in src.shapes}
+        # The engine and the critic-inference replicas hold their weights in the run's compute dtype.
+        wire = {n: self.compute_dtype() for n in src.shapes}
         stats = ReshardStats()
         pairs = iter_plan_weights(plan, src.tensors, dtype=wire, group=group, stats=stats)
         weights = None
@@ -144,7 +170,7 @@ class DeviceProcess:
             drain(pairs)
         elif dst_model is None:  # to the engine rank beside this device
             rank = self.rank_of[self.device]
-            weights = [(name, src.shapes[name], dst[name][rank], tensor.cpu()) for name, tensor in pairs]
+            weights = [(name, src.shapes[name], dst[name][rank], self._handoff(tensor)) for name, tensor in pairs]
         else:
             _copy_into(dst_model, pairs)
         itemsizes = {n: wire[n].itemsize for n in wire}
@@ -155,10 +181,22 @@ class DeviceProcess:
         }
         return weights, (counts, start, time.time())
 
-    def engine_dtype(self) -> torch.dtype:
+    def compute_dtype(self) -> torch.dtype:
         from common.dtypes import torch_dtype
 
         return torch_dtype(self.dtype)
+
+    def _handoff(self, tensor: torch.Tensor) -> Any:
+        """How a received shard reaches the engine process on the same device: on a GPU a CUDA IPC
+        handle (the engine maps this process's memory; no copy through the host and the object store,
+        as verl's and OpenRLHF's colocated modes do), kept alive here until the next reallocation; on
+        CPU the tensor itself (Ray's shared-memory object store)."""
+        if tensor.device.type != "cuda":
+            return tensor.cpu()
+        from torch.multiprocessing.reductions import reduce_tensor
+
+        self._ipc_keepalive.append(tensor)
+        return reduce_tensor(tensor)
 
 
 def _copy_into(model: torch.nn.Module, pairs: Any) -> None:

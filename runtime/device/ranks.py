@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from common.dtypes import check_dtype, torch_dtype
 from runtime.device.pipeline import PipelineStage
@@ -137,7 +137,19 @@ class Ranks:
         if self.model_sharded:
             dist.barrier(group=self.model_group)
 
-    def autocast(self):
-        """Mixed precision without FSDP (one replica); FSDP2's MixedPrecisionPolicy does it otherwise."""
-        enabled = self.num_dp == 1 and self.compute_dtype != torch.float32
+    def autocast(self, model: nn.Module):
+        """The compute dtype for ``model`` when nothing else gives it: on with float32 parameters that
+        FSDP2 does not manage (an unsharded trained model, or TP without FSDP); off under FSDP2 (its
+        MixedPrecisionPolicy casts the gathered weights) and for frozen replicas, whose weights already
+        are in the compute dtype. So a frozen replica's forward is that of compute-dtype weights, as
+        FSDP2's is: the reference's logprobs equal the policy's before the first update."""
+        from torch.distributed.fsdp import FSDPModule
+
+        first = next(model.parameters(), None)
+        enabled = (
+            self.compute_dtype != torch.float32
+            and first is not None
+            and first.dtype == torch.float32
+            and not isinstance(model, FSDPModule)
+        )
         return torch.autocast(self.device.type, dtype=self.compute_dtype, enabled=enabled)

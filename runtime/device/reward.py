@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from runtime.device.memory import DeviceMemory
 from runtime.dispatch import Gather, Split, dispatch
 
 
@@ -33,29 +34,34 @@ class RewardShard:
         reward_cfg: Any,
         tokenizer_dir: str,
         device: str = "cpu",
+        dtype: str = "float32",
         num_microbatches: int = 1,
         offload: bool = False,
     ):
+        import torch
         from transformers import AutoTokenizer
 
         from rewards.build import build_reward_fn
         from runtime.device.shards import shard_replica
 
         sharded = ranks is not None and ranks.model_sharded
+        if offload and sharded:
+            raise ValueError("offload needs an unsharded reward replica (tp = pp = 1)")
         shard = (lambda model: shard_replica(model, ranks)) if sharded else None
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-        self.fn: Any = build_reward_fn(reward_cfg, tokenizer, device, shard, num_microbatches)
+        self.fn: Any = build_reward_fn(reward_cfg, tokenizer, device, shard, num_microbatches, dtype, on_host=offload)
         self.reports = not sharded or ((ranks.pipeline is None or ranks.pipeline.is_last) and ranks.rank == 0)
         reward_model = getattr(self.fn, "reward_model", None)
-        self.offloaded = reward_model.model if offload and not sharded and reward_model is not None else None
-        self.device = device
+        self.offloaded = reward_model.model if offload and reward_model is not None else None
+        self.has_model = reward_model is not None
+        self.memory = DeviceMemory(torch.device(device))
         if self.offloaded is not None:
-            self.offloaded.to("cpu")
+            self.memory.to_host("reward", self.offloaded)
 
     @dispatch(Split.replica_rows, Gather.merge_rewards)
     def score(self, samples):
         if self.offloaded is not None:
-            self.offloaded.to(self.device)
+            self.memory.to_device("reward", self.offloaded)
         try:
             if self.reports:
                 return self.fn(samples)
@@ -63,7 +69,12 @@ class RewardShard:
             return None
         finally:
             if self.offloaded is not None:
-                self.offloaded.to("cpu")
+                self.memory.to_host("reward", self.offloaded)
+
+    def residency(self) -> dict[tuple[str, str], str]:
+        if not self.has_model:
+            return {}
+        return {("reward", "weights"): "host" if "reward" in self.memory.on_host else "device"}
 
     @dispatch(Split.broadcast, Gather.none)
     def set_calibration(self, state: dict[str, float]) -> None:

