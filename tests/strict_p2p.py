@@ -156,7 +156,9 @@ class StrictPointToPoint:
                 f"message {op.key}: sent {sent.dtype} x {sent.numel()}, received into "
                 f"{op.tensor.dtype} x {op.tensor.numel()} (NCCL would deliver garbage)"
             )
-        with torch.no_grad():
+        # This thread is outside the poster's grad and inference modes (thread-local); a buffer made
+        # under inference_mode (a reward model's scoring) may only be written inside it.
+        with torch.no_grad(), torch.inference_mode(op.tensor.is_inference()):
             op.tensor.copy_(sent.reshape(op.tensor.shape))
         self.store.delete_key(f"data/{op.key}")
 
