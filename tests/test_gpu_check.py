@@ -13,14 +13,18 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-CHECKS = [
-    "fsdp2_bf16_step",
-    "offload_round_trips",
-    "bf16_kl_zero",
-    "p2p_nccl_one_gpu",
-    "p2p_pipeline_strict",
-    "imports",
-]
+
+
+def _load_gpu_check():
+    """``scripts/gpu_check.py`` as a module (``scripts`` is not a package)."""
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CHECKS = [name for name, _ in _load_gpu_check().CHECKS]
 
 
 def _run(*args: str) -> tuple[int, dict[str, str], list[str]]:
@@ -55,10 +59,7 @@ def test_gpu_check_passes_on_a_gpu():
 
 
 def test_a_failed_check_fails_the_run_and_the_others_still_report(capsys):
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    assert spec is not None and spec.loader is not None
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
+    gpu_check = _load_gpu_check()
 
     def absent(device: torch.device) -> str:
         raise gpu_check.Note("not here")
