@@ -39,10 +39,6 @@ def use_transport(transport: Transport) -> Transport:
     return previous
 
 
-def current_transport() -> Transport:
-    return _transport
-
-
 def exchange(ops: Sequence[dist.P2POp]) -> None:
     """Post ``ops`` as one batch and wait until every one of them has completed (nothing to do for
     none). A rank's ``exchange`` calls must pair with its peers' in the same order."""
