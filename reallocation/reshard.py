@@ -3,7 +3,14 @@
 Every rank calls the same function with the same ``Plan`` (``plan.py``) and its own source
 shards (parameter name -> local tensor holding ``plan.src[name][rank]``). ``plan.schedule`` cuts
 the plan into rounds in which each rank sends plus receives at most ``bucket_bytes``; in each
-round every rank posts one ``isend``/``irecv`` per message with ``batch_isend_irecv`` and waits.
+round every rank posts one ``isend``/``irecv`` per message, all of them in one batch
+(``common.p2p.exchange``), and waits.
+
+Why NCCL cannot deadlock on it: a round's operations are one batch on each rank, so they progress
+together; every rank walks the same schedule in the same order (a rank with nothing in a round
+skips it), so when all rounds before r are done every rank's round-r batch is what it runs next;
+and within a round both ends list the messages between a pair in plan order, so NCCL's k-th send
+from a to b meets the k-th receive at b from a, the same message (NCCL ignores ``tag``).
 
 A message travels as the row-major elements of its box in the destination dtype. When the
 source slice is already that (a contiguous row block of a shard, in the wire dtype), it is sent
@@ -29,6 +36,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from common import p2p
 from reallocation.layout import box_numel, box_shape, full_box, local_slices
 from reallocation.plan import Message, Plan, aligned, make_plan, schedule
 
@@ -184,7 +192,7 @@ def iter_reshard(
     if dist.get_backend(group) == "nccl":
         # NCCL: the first batched P2P call in a group must involve all its ranks; a barrier
         # creates the communicator, after which rounds may involve any subset.
-        dist.barrier(group=group)
+        p2p.barrier(group, device)
     start = time.perf_counter()
     for names in _param_groups(plan, itemsizes, group_bytes):
         sub = plan.subset(names) if group_bytes is not None else plan
@@ -234,12 +242,12 @@ def _run_round(ops: list[_Op], buf: torch.Tensor | None, group, stats: ReshardSt
     import torch.distributed as dist
 
     t0 = time.perf_counter()
-    p2p = []
+    batch = []
     for op in ops:
         tensor = op.local if op.staged_at is None else _staged_view(buf, op)
         if op.send and op.staged_at is not None:
             tensor.copy_(op.local)  # gather a strided slice and/or cast to the wire dtype
-        p2p.append(dist.P2POp(dist.isend if op.send else dist.irecv, tensor, op.peer, group, tag=op.tag))
+        batch.append(dist.P2POp(dist.isend if op.send else dist.irecv, tensor, op.peer, group, tag=op.tag))
         nbytes = op.local.numel() * op.wire_dtype.itemsize
         if op.send:
             stats.bytes_sent += nbytes
@@ -248,8 +256,7 @@ def _run_round(ops: list[_Op], buf: torch.Tensor | None, group, stats: ReshardSt
         if op.staged_at is not None:
             stats.bytes_staged += nbytes
     t1 = time.perf_counter()
-    for req in dist.batch_isend_irecv(p2p):
-        req.wait()
+    p2p.exchange(batch)
     t2 = time.perf_counter()
     for op in ops:
         if not op.send and op.staged_at is not None:
@@ -257,7 +264,7 @@ def _run_round(ops: list[_Op], buf: torch.Tensor | None, group, stats: ReshardSt
     stats.add_time("post_s", t1 - t0)
     stats.add_time("wait_s", t2 - t1)
     stats.add_time("unpack_s", time.perf_counter() - t2)
-    stats.num_messages += len(p2p)
+    stats.num_messages += len(batch)
 
 
 def reshard(

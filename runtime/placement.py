@@ -9,11 +9,12 @@ module only decides where they run. A ``ActorGroup`` is N actors of one class, r
     logprobs = policy.call("compute_logprobs", batch)       # every rank, same arguments
     cluster.shutdown()
 
-The plan runtime places its workers with ``DevicePool``: ONE placement group with one bundle per
-device the execution plan uses (never more than the cluster has: too many fails at start, naming
-both counts, instead of pending), one device-worker actor per bundle, and optionally a companion
-actor (the vLLM engine) in the same bundle, on the same device. Every actor checks from inside
-itself that it sits on the node and device the plan names.
+The plan runtime places its workers with ``DevicePool``: one placement group per plan node, with one
+bundle per device of that node, packed on one Ray node (``STRICT_PACK``) that no other plan node
+uses, whatever each node's device count (never more than the cluster has: a plan that cannot fit
+fails at start, naming the counts, instead of pending); one device-worker actor per bundle, and
+optionally a companion actor (the vLLM engine) in the same bundle, on the same device. Every actor
+checks from inside itself that it sits on the node and device the plan names.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from common.env import WORKER_DEFAULTS, WORKER_KEYS, apply_defaults
 # The resource that counts devices: Ray's GPUs (real ones, or declared on a simulated cluster); a
 # local CPU Ray declares this custom resource instead, one unit per plan device.
 CPU_DEVICE_RESOURCE = "realm_device"
+# The label every Ray node carries with its own node id (placement of a plan node away from the others).
+NODE_ID_LABEL = "ray.io/node-id"
 
 
 class PlacementError(RuntimeError):
@@ -186,50 +189,50 @@ class RayCluster:
         timeout_s: float = 120.0,
         num_threads: int = 0,
     ) -> DevicePool:
-        """One placement group with a bundle per plan device, one host actor per bundle.
+        """A placement group per plan node (``_reserve``), one host actor per bundle.
 
         ``devices`` are the plan's global device ids (device d is local device ``d % gpus_per_node``
-        of plan node ``d // gpus_per_node``). Fails at once when the cluster has fewer devices than
-        the plan needs, and after ``timeout_s`` if the group is still pending; never waits forever.
+        of plan node ``d // gpus_per_node``). Fails at once when the cluster's nodes cannot hold the
+        plan's nodes, and after ``timeout_s`` if a group is still pending; never waits forever.
         """
-        from ray.util.placement_group import placement_group_table
-
         devices = sorted(devices)
-        resource = self._check_capacity(len(devices))
-        pg = _reserve(resource, len(devices), timeout_s)
-        bundle_nodes = placement_group_table(pg)["bundles_to_node_id"]
+        per_node = list(devices_by_node(devices, gpus_per_node).values())
+        resource = self._check_capacity([len(node) for node in per_node])
+        bundles = [(pg, i) for pg, node in _reserve(resource, per_node, timeout_s) for i in range(len(node))]
         env = _actor_env(self.host)
         # Half a device each: the device worker and, on generation devices, its vLLM engine.
         share = {"num_gpus": 0.5} if resource == "GPU" else {"resources": {resource: 0.5}}
         remote = ray.remote(num_cpus=0, **share)(RayHost)
         hosts: list[Any] = [
-            remote.options(name=f"device-bundle{i}-{os.getpid()}", scheduling_strategy=_in_bundle(pg, i)).remote(
+            remote.options(name=f"device-bundle{i}-{os.getpid()}", scheduling_strategy=_in_bundle(*bundle)).remote(
                 None, {}, env, num_threads
             )
-            for i in range(len(devices))
+            for i, bundle in enumerate(bundles)
         ]
         where = ray.get([h.where.remote() for h in hosts])
         assignment = assign_devices(devices, gpus_per_node, [(node, gpus) for node, gpus, _ in where])
         by_device = {d: hosts[i] for d, i in assignment.items()}
         expected = {d: where[i][:2] for d, i in assignment.items()}
         ray.get([by_device[d].check_placement.remote(*expected[d]) for d in devices])
+        groups = list(dict.fromkeys(pg for pg, _ in bundles))
         return DevicePool(
-            pg,
-            by_device,
-            expected,
-            {i: bundle_nodes.get(i) for i in range(len(devices))},
-            dict(assignment),
-            remote,
-            env,
-            num_threads,
+            groups, by_device, expected, {d: bundles[i] for d, i in assignment.items()}, remote, env, num_threads
         )
 
-    def _check_capacity(self, num_devices: int) -> str:
-        """The device resource's name, if the cluster has ``num_devices`` of it (else PlacementError)."""
+    def _check_capacity(self, devices_per_node: Sequence[int]) -> str:
+        """The device resource's name, if the cluster has enough of it for plan nodes with
+        ``devices_per_node`` devices, each on a Ray node of its own (else PlacementError)."""
         resource, available = self.device_resource()
-        if num_devices > available:
+        if sum(devices_per_node) > available:
             raise PlacementError(
-                f"the execution plan needs {num_devices} devices, the cluster has {available} (Ray resource {resource!r})"
+                f"the execution plan needs {sum(devices_per_node)} devices, the cluster has {available} "
+                f"(Ray resource {resource!r})"
+            )
+        capacities = [int(n["Resources"].get(resource, 0)) for n in ray.nodes() if n["Alive"]]
+        if not nodes_fit(devices_per_node, capacities):
+            raise PlacementError(
+                f"the execution plan's nodes need {sorted(devices_per_node, reverse=True)} devices each, on "
+                f"nodes of their own; the cluster's nodes have {sorted(capacities, reverse=True)} (Ray resource {resource!r})"
             )
         return resource
 
@@ -273,20 +276,43 @@ class SimulatedCluster:
         self.cluster.shutdown()
 
 
-def _reserve(resource: str, num_devices: int, timeout_s: float) -> Any:
-    """A placement group of ``num_devices`` one-device bundles, ready within ``timeout_s`` (else
-    removed and reported: a run never waits forever)."""
-    from ray.util.placement_group import placement_group, remove_placement_group
+def _reserve(resource: str, per_node: Sequence[Sequence[int]], timeout_s: float) -> list[tuple[Any, list[int]]]:
+    """(placement group, plan devices) per plan node, all ready within ``timeout_s`` (else all
+    removed and reported: a run never waits forever).
 
-    pg = placement_group([{resource: 1.0}] * num_devices, strategy="PACK")
-    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
-    if not ready:
-        remove_placement_group(pg)
-        raise PlacementError(
-            f"placement group of {num_devices} devices still pending after {timeout_s:.0f} s "
-            f"(cluster resources: {ray.cluster_resources()})"
-        )
-    return pg
+    A plan node's devices are one-device bundles packed on one Ray node (``STRICT_PACK``); Ray's
+    ``PACK`` for the whole plan may split a node's devices (3 + 1 devices landing 2 + 2). Each
+    group goes on a Ray node no earlier group uses (a selector on Ray's ``ray.io/node-id`` label),
+    largest plan node first: if any pairing of plan nodes with Ray nodes fits, then so does one
+    where the largest plan node sits wherever Ray puts it (swap it with whatever the pairing put
+    there, which is no larger), so going largest first never strands a plan node that could fit.
+    """
+    from ray.util.placement_group import placement_group, placement_group_table, remove_placement_group
+
+    deadline = time.monotonic() + timeout_s
+    reserved: list[tuple[Any, list[int]]] = []
+    used_nodes: list[str] = []
+    try:
+        for devices in sorted(per_node, key=len, reverse=True):
+            elsewhere = {NODE_ID_LABEL: f"!in({','.join(used_nodes)})"} if used_nodes else {}
+            pg = placement_group(
+                [{resource: 1.0}] * len(devices),
+                strategy="STRICT_PACK",
+                bundle_label_selector=[elsewhere] * len(devices),
+            )
+            reserved.append((pg, list(devices)))
+            ready, _ = ray.wait([pg.ready()], timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise PlacementError(
+                    f"placement group of {len(devices)} devices on one node still pending after {timeout_s:.0f} s "
+                    f"(cluster resources: {ray.cluster_resources()})"
+                )
+            used_nodes.append(placement_group_table(pg)["bundles_to_node_id"][0])
+    except BaseException:
+        for pg, _ in reserved:
+            remove_placement_group(pg)
+        raise
+    return reserved
 
 
 def _in_bundle(pg: Any, index: int) -> Any:
@@ -303,6 +329,23 @@ def _actor_env(host: str) -> dict[str, str]:
     return env
 
 
+def devices_by_node(devices: Sequence[int], gpus_per_node: int) -> dict[int, list[int]]:
+    """Plan node -> its devices among ``devices``, in order (pure): device d is on plan node
+    ``d // gpus_per_node``. Example: [0, 1, 2, 4], 4 per node -> {0: [0, 1, 2], 1: [4]}."""
+    by_plan_node: dict[int, list[int]] = {}
+    for d in sorted(devices):
+        by_plan_node.setdefault(d // gpus_per_node, []).append(d)
+    return by_plan_node
+
+
+def nodes_fit(needs: Sequence[int], capacities: Sequence[int]) -> bool:
+    """Whether plan nodes needing ``needs`` devices can each have a Ray node of its own among nodes
+    with ``capacities`` devices (pure). Pairing them largest to largest fits if any pairing does.
+    Example: [3, 1] fit [4, 4]; [3, 1] do not fit [8] (one node) nor [2, 2]."""
+    needs, capacities = sorted(needs, reverse=True), sorted(capacities, reverse=True)
+    return len(needs) <= len(capacities) and all(n <= c for n, c in zip(needs, capacities))
+
+
 def assign_devices(
     devices: Sequence[int], gpus_per_node: int, locations: Sequence[tuple[str, tuple[int, ...]]]
 ) -> dict[int, int]:
@@ -314,9 +357,7 @@ def assign_devices(
     sorted by GPU id. Example: devices 0..7, 4 per node, bundles 0-3 on node "b" with GPUs 3..0,
     bundles 4-7 on node "a" with GPUs 0..3 -> {0: 3, 1: 2, 2: 1, 3: 0, 4: 4, ...}.
     """
-    by_plan_node: dict[int, list[int]] = {}
-    for d in sorted(devices):
-        by_plan_node.setdefault(d // gpus_per_node, []).append(d)
+    by_plan_node = devices_by_node(devices, gpus_per_node)
     by_ray_node: dict[str, list[int]] = {}
     for i, (node, _) in enumerate(locations):
         by_ray_node.setdefault(node, []).append(i)
@@ -333,21 +374,22 @@ def assign_devices(
 
 
 class DevicePool:
-    """The actors of one placement group: a host per plan device, plus companions in the same bundles."""
+    """The actors of the plan's placement groups: a host per plan device, plus companions in the same bundles."""
 
     def __init__(
         self,
-        pg,
+        groups: list[Any],
         hosts: dict[int, Any],
         locations: dict[int, tuple[str, tuple[int, ...]]],
-        bundle_nodes: dict[int, str],
-        bundles: dict[int, int],
+        bundles: dict[int, tuple[Any, int]],
         remote,
         env: dict[str, str],
         num_threads: int,
     ):
-        self.pg, self.hosts, self.locations = pg, hosts, locations
-        self._bundle_nodes, self._bundles, self._remote = bundle_nodes, bundles, remote
+        """``groups``: the placement groups (one per plan node); ``bundles``: device -> (its group,
+        bundle index in it)."""
+        self.groups, self.hosts, self.locations = groups, hosts, locations
+        self._bundles, self._remote = bundles, remote
         self._env, self._num_threads = env, num_threads
         self.companions: dict[tuple[str, int], Any] = {}
 
@@ -374,7 +416,7 @@ class DevicePool:
         for device in devices:
             actors[device] = self._remote.options(
                 name=f"{name}-device{device}-{os.getpid()}",
-                scheduling_strategy=_in_bundle(self.pg, self._bundles[device]),
+                scheduling_strategy=_in_bundle(*self._bundles[device]),
             ).remote(cls, kwargs(device) if callable(kwargs) else kwargs, self._env, self._num_threads)
         ray.get([actors[d].check_placement.remote(*self.locations[d]) for d in devices])
         self.companions.update({(name, d): actor for d, actor in actors.items()})
@@ -418,7 +460,8 @@ class DevicePool:
 
         for actor in [*self.hosts.values(), *self.companions.values()]:
             ray.kill(actor)
-        remove_placement_group(self.pg)
+        for pg in self.groups:
+            remove_placement_group(pg)
 
 
 def wait(futures: Sequence[Any]) -> list[Any]:

@@ -19,7 +19,8 @@ Micro-batch i+1 enters stage 0 while stage 1 computes micro-batch i (inference,
 a few forwards ahead, then one forward and one backward in turn, so a stage keeps at most pp
 micro-batches' activations; the loss on the last stage; the embedding shared by the first and last stages gets the sum of both
 gradients (``sync_tied_grads``, as Megatron-LM's embedding group does) and the gradient norm is
-summed over stages (``pipeline_grad_norm``).
+summed over stages (``pipeline_grad_norm``). Each step's sends and receives between neighbours go
+out as one batch (``common.p2p``), so that they cannot wait on each other on NCCL.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from common import p2p
 from models.parallelize import _base
 from ppo.batch import position_ids
 from reallocation.layout import pipeline_stage_of_layer
@@ -225,11 +227,14 @@ def train_microbatches(
 
 class _PointToPoint:
     """A stage's sends and receives to its neighbours in the column (nothing past either end).
-    ``exchange`` posts its sends and receives together before waiting on any, so two neighbours
-    that send to each other at once do not wait on each other."""
+
+    ``exchange`` posts all of one step's sends and receives as one batch (``common.p2p``): in the
+    1F1B steady state stage s sends activations to s+1 while s+1 sends a gradient to s, and on NCCL
+    the two sends, posted alone, would each wait for a receive queued behind the other's send."""
 
     def __init__(self, model: nn.Module, pipe: PipelineStage):
         self.model, self.pipe = model, pipe
+        _open_column(pipe, next(model.parameters()).device)
 
     def recv_forward(self, micro: Mapping[str, Tensor]) -> Tensor | None:
         return self.exchange(recv_prev=micro)
@@ -244,27 +249,41 @@ class _PointToPoint:
     ) -> Any:
         """Send activations on / gradients back, and receive the gradient shaped like output
         ``recv_next`` or the hidden states of micro-batch ``recv_prev``; returns what arrived."""
-        pipe, works, received = self.pipe, [], None
+        pipe, ops, received = self.pipe, [], None
         if send_next is not None and not pipe.is_last:
-            works.append(dist.isend(send_next.detach().to(WIRE_DTYPE).contiguous(), pipe.next, group=pipe.group))
+            wire = send_next.detach().to(WIRE_DTYPE).contiguous()
+            ops.append(dist.P2POp(dist.isend, wire, pipe.next, pipe.group))
         if send_prev is not None and not pipe.is_first:
-            works.append(dist.isend(send_prev, pipe.prev, group=pipe.group))
+            ops.append(dist.P2POp(dist.isend, send_prev, pipe.prev, pipe.group))
         if recv_next is not None and not pipe.is_last:
             received = torch.empty(recv_next.shape, dtype=WIRE_DTYPE, device=recv_next.device)
-            works.append(dist.irecv(received, pipe.next, group=pipe.group))
+            ops.append(dist.P2POp(dist.irecv, received, pipe.next, pipe.group))
         if recv_prev is not None and not pipe.is_first:
             rows, cols = recv_prev["input_ids"].shape
             config: Any = self.model.config
             received = torch.empty(
                 rows, cols, int(config.hidden_size), dtype=WIRE_DTYPE, device=recv_prev["input_ids"].device
             )
-            works.append(dist.irecv(received, pipe.prev, group=pipe.group))
-        for work in works:
-            if work is not None:  # None: this rank is not in the group (never, for a column's ranks)
-                work.wait()
+            ops.append(dist.P2POp(dist.irecv, received, pipe.prev, pipe.group))
+        p2p.exchange(ops)
         if recv_prev is not None and received is not None and torch.is_grad_enabled():
             received.requires_grad_()  # a training stage backpropagates into what it received
         return received
+
+
+_opened_columns: set[Any] = set()
+"""The column groups this process has opened for batched point-to-point (``_open_column``)."""
+
+
+def _open_column(pipe: PipelineStage, device: torch.device) -> None:
+    """Before a column's first batch of sends and receives, one barrier over the whole column
+    (``common.p2p.barrier``: NCCL's first batched call in a group must involve all its ranks, and
+    the first exchange of a column of 3 or more stages involves only stages 0 and 1). Every function
+    that builds a ``_PointToPoint`` is collective over the column, so all its stages reach this
+    point at the same call."""
+    if pipe.group not in _opened_columns:
+        p2p.barrier(pipe.group, device)
+        _opened_columns.add(pipe.group)
 
 
 def _local(t: Tensor) -> Tensor:

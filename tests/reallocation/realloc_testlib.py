@@ -3,7 +3,8 @@ multi-rank gloo runner (``run_ranks``).
 
 Multi-rank runs rendezvous through a ``FileStore`` in a temp dir (the TCP store listens on every
 interface; a file needs no socket at all) and gloo is pinned to the loopback interface, so
-nothing binds outside 127.0.0.1.
+nothing binds outside 127.0.0.1. On gloo their sends and receives keep NCCL's point-to-point rules
+(``tests.strict_p2p``), so a schedule NCCL would deadlock on fails here too.
 """
 
 from __future__ import annotations
@@ -70,6 +71,10 @@ def _worker(rank: int, world_size: int, store_dir: str, backend: str, fn: Callab
     if backend == "nccl":
         torch.cuda.set_device(rank)
     dist.init_process_group(backend, init_method=f"file://{store_dir}/store", rank=rank, world_size=world_size)
+    if backend == "gloo":  # every send and receive under NCCL's point-to-point rules
+        from tests import strict_p2p
+
+        strict_p2p.install(f"{store_dir}/p2p_store", world_size)
     try:
         result: Any = fn(rank, world_size, *args)
     except BaseException:

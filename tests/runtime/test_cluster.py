@@ -1,7 +1,7 @@
 """The plan runtime on a simulated GPU cluster: 2 Ray nodes x 4 declared GPUs on this CPU machine
 (``ray.cluster_utils``), workers on CPU tensors over gloo.
 
-- placement: one placement group, one worker per device on the node and GPU its plan names
+- placement: a placement group per plan node, one worker per device on the node and GPU its plan names
   (checked from inside each actor), a companion (the vLLM engine's process) beside its device, and
   a plan that needs more devices than exist failing at once with both counts;
 - two PPO iterations through ``train.py`` with a PRM (Clip-Delta) under three plans (the heuristic
@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.placement import PlacementError, assign_devices
+from runtime.placement import PlacementError, assign_devices, devices_by_node, nodes_fit
 
 ROOT = Path(__file__).resolve().parents[2]
 NUM_NODES, GPUS_PER_NODE = 2, 4
@@ -46,6 +46,17 @@ def test_assign_devices_pairs_plan_nodes_with_ray_nodes():
     # A 3 + 1 plan cannot use bundles that landed 2 + 2.
     with pytest.raises(PlacementError, match=r"plan devices per node \[1, 3\] do not match .* \[2, 2\]"):
         assign_devices([0, 1, 2, 4], 4, locations[:1] + locations[2:3] + locations[4:6])
+
+
+def test_uneven_plan_nodes_pair_with_ray_nodes_of_their_size():
+    # 3 devices on plan node 0, 1 on plan node 1 (4 per node): bundles 0-2 landed on "b" (GPUs 2, 0, 1),
+    # bundle 3 on "a" (GPU 3).
+    assert devices_by_node([4, 0, 2, 1], 4) == {0: [0, 1, 2], 1: [4]}
+    locations = [("b", (2,)), ("b", (0,)), ("b", (1,)), ("a", (3,))]
+    assert assign_devices([0, 1, 2, 4], 4, locations) == {0: 1, 1: 2, 2: 0, 4: 3}
+    # Largest need to largest node: 3 + 1 fit two nodes of 4, not one of 8 (a node each) nor 2 + 2.
+    assert nodes_fit([1, 3], [4, 4]) and nodes_fit([3, 1], [1, 3]) and nodes_fit([4], [1, 4])
+    assert not nodes_fit([3, 1], [8]) and not nodes_fit([3, 1], [2, 2]) and not nodes_fit([3, 3], [4, 2])
 
 
 class _Probe:
@@ -83,6 +94,30 @@ def test_device_pool_places_each_device_on_its_node_and_gpu(cluster_address):
         pool.add_companions("probe", [5], _Probe, {"tag": "beside device 5"})  # checks its place itself
         assert wait([pool.submit(5, "hello", companion="probe")])[0][0] == "beside device 5"
         pool.shutdown()
+    finally:
+        cluster.shutdown()
+
+
+def test_device_pool_puts_each_plan_node_on_one_ray_node_for_any_device_count(cluster_address):
+    """Plans whose nodes use 3 + 1 and 1 + 3 devices: Ray's PACK would put all four bundles on one
+    node; each plan node gets a Ray node of its own, its devices on that node's GPUs. A plan node of
+    5 devices fails at once, naming the nodes' sizes."""
+    from runtime.placement import RayCluster
+
+    cluster = RayCluster.start(cluster_address)
+    try:
+        with pytest.raises(PlacementError, match=r"nodes need \[5\] devices each.* nodes have \[4, 4\]"):
+            cluster.device_pool(range(5), 8, timeout_s=5)
+        for devices in ([0, 1, 2, 4], [3, 4, 5, 6]):
+            pool = cluster.device_pool(devices, GPUS_PER_NODE, timeout_s=60)
+            where = pool.where()
+            node_of = {d: where[d]["node_id"] for d in devices}
+            for plan_node in devices_by_node(devices, GPUS_PER_NODE).values():
+                assert len({node_of[d] for d in plan_node}) == 1, (devices, node_of)
+                gpus = [where[d]["gpu_ids"] for d in plan_node]
+                assert gpus == sorted(gpus) and len({g[0] for g in gpus}) == len(plan_node)
+            assert len(set(node_of.values())) == 2
+            pool.shutdown()
     finally:
         cluster.shutdown()
 

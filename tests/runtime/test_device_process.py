@@ -1,6 +1,7 @@
 """Device processes over gloo, several per test (torch.multiprocessing): reallocation between layouts
 moves the lower bound, pipeline stages and sharded reward models compute what one process computes, and
-a plan's micro-batches and offload reach the shards."""
+a plan's micro-batches and offload reach the shards. Every send and receive keeps NCCL's point-to-point
+rules (``tests.strict_p2p``)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import torch
 from planning.execution_plan import CallAllocation
 from reallocation.layout import ModelSpec, full_box
 from runtime.meshes import Pipeline
+from tests import strict_p2p
 from tests.runtime.test_topology import DISJOINT, _plan
 
 
@@ -26,6 +28,7 @@ def _reallocate(device: int, port: int, model_dir: str, out_dir: str) -> None:
     from runtime.device.shards import PolicyShard
 
     torch.set_num_threads(1)
+    strict_p2p.install(f"{out_dir}/p2p_store", 3)  # sends and receives under NCCL's rules
     builders = {"actor": (PolicyShard, {"model_dir": model_dir}, ((0,), (1,)))} if device < 2 else {}
     worker = DeviceProcess(device, (0, 1, 2), "127.0.0.1", port, "gloo", [(0, 1), (0, 1, 2)], "float32", builders)
     engine = {name: {1: full_box(shape), 2: full_box(shape)} for name, shape in _actor_shapes(model_dir).items()}
@@ -67,6 +70,7 @@ def _reallocate_tp(device: int, port: int, model_dir: str, out_dir: str) -> None
     from runtime.meshes import grid_groups
 
     torch.set_num_threads(1)
+    strict_p2p.install(f"{out_dir}/p2p_store", 4)  # sends and receives under NCCL's rules
     train, replica = ((0, 1), (2, 3)), ((2, 3),)
     builders = {
         "actor": (PolicyShard, {"model_dir": model_dir}, train),
@@ -140,6 +144,7 @@ def _pipelines(device: int, port: int, model_dir: str, out_dir: str) -> None:
     from tests.runtime.test_shards import make_batch
 
     torch.set_num_threads(1)
+    strict_p2p.install(f"{out_dir}/p2p_store", 4)  # sends and receives under NCCL's rules
     train, ref, critic_inf = ((0,), (1,)), Pipeline.of_rows((0, 1), (2, 3)), Pipeline.of_rows((2,), (3,))
     builders = {"ref": (ReferenceShard, {"model_dir": model_dir}, ref)}
     if device < 2:
@@ -214,6 +219,7 @@ def _reward_replica(device: int, port: int, rm_dirs: dict[str, str], out_dir: st
     from runtime.meshes import pipeline_groups
 
     torch.set_num_threads(1)
+    strict_p2p.install(f"{out_dir}/p2p_store", 4)  # sends and receives under NCCL's rules
     replica = Pipeline.of_rows((0, 1), (2, 3))
     builders = {
         name: (RewardShard, {"reward_cfg": cfg, "tokenizer_dir": rm_dirs["policy"]}, replica)

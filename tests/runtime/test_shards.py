@@ -17,6 +17,7 @@ from ppo.batch import select, update_rows, update_seed
 from ppo.config import PPOConfig, ValueClip
 from runtime.device.ranks import Ranks
 from runtime.device.shards import CriticShard, PolicyShard, ReferenceShard, _full_state_dict
+from tests import strict_p2p
 from tests.conftest import free_port
 from trainer.rollout import pad_batch
 
@@ -402,6 +403,7 @@ def _pp2_dp2(rank: int, port: int, model_dir: str, work: str) -> None:
     from runtime.meshes import pipeline_groups, staged_grid
 
     torch.set_num_threads(1)
+    strict_p2p.install(Path(work) / "p2p_store", 4)  # every send and receive under NCCL's rules
     mesh = staged_grid(range(4), pp=2, tp=1)
     common = dict(model_dir=model_dir, ppo=PPO, num_iterations=3)
     builders = {"actor": (PolicyShard, common, mesh), "critic": (CriticShard, common, mesh)}
@@ -481,6 +483,7 @@ def _three_stages(rank: int, port: int, model_dir: str, work: str) -> None:
     from runtime.meshes import pipeline_groups, staged_grid
 
     torch.set_num_threads(1)
+    strict_p2p.install(Path(work) / "p2p_store", 3)  # every send and receive under NCCL's rules
     mesh = staged_grid(range(3), pp=3, tp=1)
     builders = {"actor": (PolicyShard, dict(model_dir=model_dir, ppo=PPO, num_iterations=3), mesh)}
     worker = DeviceProcess(rank, range(3), "127.0.0.1", port, "gloo", pipeline_groups(mesh), "float32", builders)
@@ -509,3 +512,63 @@ def test_three_stages_run_one_forward_one_backward_like_one_process(tiny_model_d
         assert stats[key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
     for name, tensor in policy.state_dict_for_sync().items():
         torch.testing.assert_close(state[name], tensor, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def _two_stages_strict(rank: int, port: int, model_dir: str, work: str, num_microbatches: int) -> None:
+    """Stage ``rank`` of the policy in 2 stages, every send and receive under NCCL's rules
+    (``tests.strict_p2p``): pipeline inference (logprobs, and a frozen model's body through
+    ``stage_hidden``), then 1F1B training."""
+    from runtime.device.pipeline import stage_hidden
+    from runtime.device.process import DeviceProcess
+    from runtime.meshes import pipeline_groups, staged_grid
+
+    torch.set_num_threads(1)
+    strict_p2p.install(Path(work) / "p2p_store", 2)
+    mesh = staged_grid(range(2), pp=2, tp=1)
+    builders = {"actor": (PolicyShard, dict(model_dir=model_dir, ppo=PPO, num_iterations=3), mesh)}
+    worker = DeviceProcess(rank, range(2), "127.0.0.1", port, "gloo", pipeline_groups(mesh), "float32", builders)
+    policy = worker.shards["actor"]
+    data, update_data = torch.load(Path(work) / "data.pt"), torch.load(Path(work) / "update_data.pt")
+    logprobs = policy.compute_logprobs(data, num_microbatches)
+    with torch.no_grad():
+        hidden = stage_hidden(policy.model, policy.ranks.pipeline, data["input_ids"], data["attention_mask"])
+    stats = policy.update(update_data, [8, 8], num_microbatches)
+    state = policy.state_dict_for_sync()
+    if rank == 0:
+        torch.save({"stats": stats, "state": state}, Path(work) / "stage0.pt")
+    else:
+        torch.save({"logprobs": logprobs, "hidden": hidden}, Path(work) / "stage1.pt")
+    torch.distributed.destroy_process_group()
+
+
+def test_two_stages_keep_nccls_point_to_point_rules_in_pipeline_training_and_inference(tiny_model_dir, tmp_path):
+    """2 stages x 4 micro-batches under NCCL's point-to-point rules: in 1F1B's steady state stage 0
+    sends activations to stage 1 while stage 1 sends a gradient to stage 0, which deadlocks unless
+    each side's send and receive go out as one batch (posted one by one, as at 04eb4e1, this test
+    hangs until the strict model's stall timeout). Inference (logprobs, a frozen body's hidden
+    states) and the two optimizer steps equal one process's."""
+    from transformers import AutoModelForCausalLM
+
+    model_dir = str(tiny_model_dir)
+    batch = make_batch()
+    policy = PolicyShard(model_dir=model_dir, ppo=PPO, num_iterations=3)
+    logprobs = policy.compute_logprobs(batch)
+    data = add_ppo_fields(batch, logprobs, torch.zeros(batch["response_mask"].shape))
+    order, sizes = update_rows(8, PPO.num_epochs, PPO.num_minibatches, 1, update_seed(0, 0))
+    torch.save(data, tmp_path / "data.pt")
+    torch.save(select(data, order[0]), tmp_path / "update_data.pt")
+    strict_p2p.spawn_with_deadline(
+        _two_stages_strict, (free_port(), model_dir, str(tmp_path), 4), nprocs=2, deadline_s=600
+    )
+    stage0, stage1 = torch.load(tmp_path / "stage0.pt"), torch.load(tmp_path / "stage1.pt")
+    torch.testing.assert_close(stage1["logprobs"], logprobs, atol=1e-5, rtol=0)
+    body = AutoModelForCausalLM.from_pretrained(model_dir).model
+    with torch.no_grad():
+        want_hidden = body(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    torch.testing.assert_close(stage1["hidden"], want_hidden, atol=1e-5, rtol=0)
+    want = policy.update(select(data, order[0]), sizes[0], num_microbatches=4)
+    assert sizes[0] == [8, 8] and stage0["stats"].keys() == want.keys()
+    for key in want:
+        assert stage0["stats"][key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
+    for name, tensor in policy.state_dict_for_sync().items():
+        torch.testing.assert_close(stage0["state"][name], tensor, atol=1e-4, rtol=1e-4, msg=name)
