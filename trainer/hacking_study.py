@@ -51,8 +51,8 @@ from trainer.summarize import (
 BASELINE = "success"
 # summary.json says which tool wrote it, so that each tool's test regenerates only its own committed docs.
 SUMMARY_GENERATOR = "trainer.hacking_study"
-# Issue 29's definition of a hacking seed. The task's answers have 3 steps, and 10% truncation is far
-# above what any non-hacking run of the earlier sweeps reached (at most 0.2%).
+# Issue 29's definition of a hacking seed (the synthetic task's answers have 3 steps; a hacking policy
+# pads them until the token cap stops it, so either sign is enough).
 HACK_MAX_STEPS = 4.0
 HACK_MAX_TRUNCATED = 0.10
 NUM_LAST_EVALS = 3
@@ -385,8 +385,9 @@ def read_rollouts(run: StudyRun) -> list[list[dict[str, Any]]]:
 
 
 def shorten(text: str, max_chars: int = 180) -> str:
-    """``text`` as a JSON string body (newlines as \\n), its middle cut to `` … `` beyond ``max_chars``."""
-    body = json.dumps(text, ensure_ascii=False)[1:-1]
+    """``text`` on one line (newlines, tabs and carriage returns written \\n, \\t, \\r), its middle cut to
+    `` … `` beyond ``max_chars``."""
+    body = text.translate(str.maketrans({"\n": "\\n", "\t": "\\t", "\r": "\\r"}))
     if len(body) <= max_chars:
         return body
     head = max_chars * 2 // 3
@@ -744,7 +745,8 @@ def _mcnemar_section(summary: dict[str, Any]) -> list[str]:
             iteration += f" (success-only: {t['baseline_iteration']})"
         difference = "n/a" if t["b"] is None else f"{100 * (t['b'] - t['c']) / t['num_problems']:+.1f}"
         cells = [str(t["num_problems"]), "yes" if t["same_problems"] else "NO: not tested"]
-        cells += [str(t["b"]), str(t["c"]), difference, _p_value(t["p"])]
+        cells += ["n/a" if t["b"] is None else str(t["b"]), "n/a" if t["c"] is None else str(t["c"])]
+        cells += [difference, _p_value(t["p"])]
         rows.append([t["option"], t["seed"], iteration, *cells])
     return [
         "## 3. Per-seed paired test against success-only (McNemar, exact)",
@@ -763,6 +765,24 @@ def _mcnemar_section(summary: dict[str, Any]) -> list[str]:
     ]
 
 
+def _control_options(summary: dict[str, Any]) -> list[list[str]]:
+    """Per option with a learned reward: incidence beside the mean alpha and learned-reward spread over seeds."""
+    rows = []
+    for option in summary["options"]:
+        records = [r for r in summary["runs"] if r["option"] == option["option"] and r["alpha"] is not None]
+        if not records:
+            continue
+        means = [
+            statistics.fmean(r[key] for r in records) for key in ("alpha", "learned_std_first", "learned_std_last")
+        ]
+        rows.append(
+            [option["option"], str(len(records)), f"{option['num_hacking']} of {len(records)}"]
+            + [_num(m, 3) for m in means]
+            + [_interval(option["greedy_final"].get("minus_success"))]
+        )
+    return rows
+
+
 def _control_section(summary: dict[str, Any]) -> list[str]:
     baseline = _baseline_by_seed(summary["runs"])
     rows = []
@@ -772,33 +792,35 @@ def _control_section(summary: dict[str, Any]) -> list[str]:
         base = baseline.get(r["seed"])
         difference = "n/a" if base is None else f"{100 * (r['greedy_final'] - base['greedy_final']):+.1f}"
         cells = [
-            _num(r["alpha"], 3),
-            _num(r["eta"], 3),
-            _num(r["learned_std_first"], 3),
-            _num(r["learned_std_last"], 3),
+            _num(r[key], 3) for key in ("alpha", "eta", "learned_std_first", "learned_std_last", "learned_mean_last")
         ]
-        cells += [
-            _num(r["learned_mean_last"], 3),
-            "no" if r["hacking"] is None else f"yes ({r['hacking']['iteration']})",
-        ]
+        cells.append("no" if r["hacking"] is None else f"yes ({r['hacking']['iteration']})")
         rows.append([r["option"], r["seed"], *cells, difference])
+    if not rows:
+        return ["## 4. The control: learned-reward spread", "", "(no run with a learned reward yet)"]
+    last = f"last {NUM_LAST_ITERATIONS}"
     return [
         "## 4. The control: learned-reward spread",
         "",
         "Whether matched spread also stops hacking: prm_alpha_matched is raw PRM with alpha scaled on the first "
         "rollouts so that its learned reward's standard deviation equals Clip-Delta's. alpha: the calibrated "
         "value the run logged (reward/alpha), else the configured one; eta: Clip's calibrated threshold "
-        f"(reward/eta). Learned std: the standard deviation over an iteration's responses of the learned "
-        f"reward per response, at the first iteration and as the mean over the last {NUM_LAST_ITERATIONS}.",
+        "(reward/eta). Learned std: the standard deviation over an iteration's responses of the learned "
+        f"reward per response, at the first iteration and as the mean over the {last}. Per option (means over "
+        "seeds; the difference in points with its 95% t interval):",
         "",
-        *(
-            _table(
-                ["option", "seed", "alpha", "eta", "learned std (first)", f"learned std (last {NUM_LAST_ITERATIONS})"]
-                + [f"learned mean (last {NUM_LAST_ITERATIONS})", "hacks (from)", "greedy final − success-only"],
-                rows,
-            )
-            if rows
-            else ["(no run with a learned reward yet)"]
+        *_table(
+            ["option", "seeds", "hacking seeds", "alpha", "learned std (first)", f"learned std ({last})"]
+            + ["greedy final − success-only"],
+            _control_options(summary),
+        ),
+        "",
+        "Per run:",
+        "",
+        *_table(
+            ["option", "seed", "alpha", "eta", "learned std (first)", f"learned std ({last})", f"learned mean ({last})"]
+            + ["hacks (from)", "greedy final − success-only"],
+            rows,
         ),
     ]
 

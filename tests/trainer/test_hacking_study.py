@@ -19,6 +19,7 @@ from trainer.hacking_study import (
     mcnemar_exact,
     response_form,
     run_tag,
+    shorten,
     write_study_summary,
 )
 from trainer.summarize import paired_interval
@@ -147,6 +148,12 @@ def test_response_form_worked_example():
     assert response_form("1 + 2 = 3\n\nThe", "\n\n", truncated=False).num_junk == 1
 
 
+def test_shorten_keeps_one_line_and_cuts_the_middle():
+    assert shorten("1 + 2 = 3\n\nThe answer is \\boxed{3}.") == "1 + 2 = 3\\n\\nThe answer is \\boxed{3}."
+    cut = shorten("a" * 100 + "b" * 100, max_chars=30)
+    assert cut == "a" * 20 + " … " + "b" * 10
+
+
 def test_summary_on_a_small_study(tmp_path):
     _study(tmp_path / "runs")
     md = write_study_summary(*collect_runs([tmp_path / "runs"]), tmp_path / "out")
@@ -164,6 +171,7 @@ def test_summary_on_a_small_study(tmp_path):
     # control: configured alpha 1; learned std 0.1 at iteration 1 and mean of 0.1, 0.2, 0.3 over the last 10;
     # learned mean of 0.1 * steps = 0.3, 0.55, 0.9 -> 0.583
     assert "| prm | 2 | 1.000 | n/a | 0.100 | 0.200 | 0.583 | yes (2) | -30.0 |" in lines
+    assert any(l.startswith("| prm | 3 | 1 of 3 | 1.000 | 0.100 | 0.200 | -6.7 [") for l in lines)  # per option
     # form: the hacking run and, per option, the first seed that does not hack
     form = [l for l in lines if l.startswith(("| success_seed", "| prm_seed"))]
     assert [l.split(" | ")[0] for l in form] == ["| success_seed0", "| prm_seed0", "| prm_seed2"]
@@ -194,7 +202,7 @@ def test_different_problems_are_not_tested(tmp_path):
     prm = _run(tmp_path, "prm_seed0", "prm", 0, "1111110000")
     (prm / "heldout.jsonl").write_text((prm / "heldout.jsonl").read_text().replace('"abc"', '"def"'))
     text = write_study_summary(*collect_runs([tmp_path]), tmp_path / "out").read_text()
-    assert "| prm | 0 | 3 | 10 | NO: not tested | None | None | n/a | n/a |" in text
+    assert "| prm | 0 | 3 | 10 | NO: not tested | n/a | n/a | n/a | n/a |" in text
 
 
 def test_export_then_summarize_the_copies_reproduces_the_summary(tmp_path, capsys):
