@@ -384,10 +384,13 @@ def read_rollouts(run: StudyRun) -> list[list[dict[str, Any]]]:
     return iterations
 
 
+_ONE_LINE = {ord("\n"): "\\n", ord("\t"): "\\t", ord("\r"): "\\r"}
+
+
 def shorten(text: str, max_chars: int = 180) -> str:
     """``text`` on one line (newlines, tabs and carriage returns written \\n, \\t, \\r), its middle cut to
     `` … `` beyond ``max_chars``."""
-    body = text.translate(str.maketrans({"\n": "\\n", "\t": "\\t", "\r": "\\r"}))
+    body = text.translate(_ONE_LINE)
     if len(body) <= max_chars:
         return body
     head = max_chars * 2 // 3
