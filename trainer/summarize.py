@@ -27,7 +27,9 @@ from trainer.metrics import read_metrics
 REWARD_ORDER = ["success", "orm", "prm", "prm_clip", "prm_delta", "prm_clip_delta", "prm_alpha_matched"]
 
 
-def _overrides(run: Path) -> dict[str, str]:
+def read_overrides(run: Path) -> dict[str, str]:
+    """A run's Hydra overrides by key, without the ``+``/``~`` prefixes: ``{"reward": "prm", "run.seed": "0"}``
+    ({} when the run has no .hydra/overrides.yaml)."""
     path = run / ".hydra" / "overrides.yaml"
     if not path.exists():
         return {}
@@ -51,7 +53,7 @@ def _order(row: dict[str, Any]) -> tuple[int, str, str]:
 
 def run_row(run: Path) -> dict[str, Any]:
     rows = read_metrics(run)
-    over = _overrides(run)
+    over = read_overrides(run)
     summary = json.loads((run / "summary.json").read_text()) if (run / "summary.json").exists() else {}
     last = rows[-1] if rows else {}
 
@@ -155,33 +157,37 @@ def paired_interval(option: dict[str, float], baseline: dict[str, float]) -> tup
 
 # Per-iteration keys left out of exported metrics: timings and throughput differ between machines and
 # runs and no summary reads them.
-_NOT_EXPORTED = ("time/", "throughput/")
+NOT_EXPORTED = ("time/", "throughput/")
 
 
 def export_runs(root: Path, out: Path) -> list[Path]:
-    """Compact copies of the finished runs under ``root`` in ``out/<run>/`` (run = path relative to root):
-    metrics.jsonl without timings, summary.json without the machine's run_dir, .hydra/overrides.yaml,
-    and samples.jsonl cut to the last iteration's samples. Returns the copies."""
+    """Compact copies (``export_run``) of the finished runs under ``root`` in ``out/<run>/`` (run = path
+    relative to root). Returns the copies."""
     copies = []
     for run in find_runs(root):
-        if not (run / "summary.json").exists():
-            continue
-        copy = out / run.relative_to(root)
-        (copy / ".hydra").mkdir(parents=True, exist_ok=True)
-        rows = [{k: v for k, v in r.items() if not k.startswith(_NOT_EXPORTED)} for r in read_metrics(run)]
-        atomic_write_text(copy / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-        summary = {k: v for k, v in json.loads((run / "summary.json").read_text()).items() if k != "run_dir"}
-        atomic_write_text(copy / "summary.json", json.dumps(summary, indent=2) + "\n")
-        atomic_write_text(copy / ".hydra" / "overrides.yaml", (run / ".hydra" / "overrides.yaml").read_text())
-        samples_path = run / "samples.jsonl"
-        if samples_path.exists():
-            samples = [json.loads(line) for line in samples_path.read_text().splitlines() if line.strip()]
-            last = max((s["iteration"] for s in samples), default=None)
-            atomic_write_text(
-                copy / "samples.jsonl", "".join(json.dumps(s) + "\n" for s in samples if s["iteration"] == last)
-            )
-        copies.append(copy)
+        if (run / "summary.json").exists():
+            copies.append(export_run(run, out / run.relative_to(root)))
     return copies
+
+
+def export_run(run: Path, copy: Path, not_exported: tuple[str, ...] = NOT_EXPORTED) -> Path:
+    """A compact copy of one finished run in ``copy``: metrics.jsonl without the keys starting with
+    ``not_exported``, summary.json without the machine's run_dir, .hydra/overrides.yaml, and samples.jsonl
+    cut to the last iteration's samples. Returns ``copy``."""
+    (copy / ".hydra").mkdir(parents=True, exist_ok=True)
+    rows = [{k: v for k, v in r.items() if not k.startswith(not_exported)} for r in read_metrics(run)]
+    atomic_write_text(copy / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+    summary = {k: v for k, v in json.loads((run / "summary.json").read_text()).items() if k != "run_dir"}
+    atomic_write_text(copy / "summary.json", json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(copy / ".hydra" / "overrides.yaml", (run / ".hydra" / "overrides.yaml").read_text())
+    samples_path = run / "samples.jsonl"
+    if samples_path.exists():
+        samples = [json.loads(line) for line in samples_path.read_text().splitlines() if line.strip()]
+        last = max((s["iteration"] for s in samples), default=None)
+        atomic_write_text(
+            copy / "samples.jsonl", "".join(json.dumps(s) + "\n" for s in samples if s["iteration"] == last)
+        )
+    return copy
 
 
 def _fmt(x: Any) -> str:
