@@ -572,3 +572,51 @@ def test_two_stages_keep_nccls_point_to_point_rules_in_pipeline_training_and_inf
         assert stage0["stats"][key] == pytest.approx(want[key], rel=1e-4, abs=1e-6), key
     for name, tensor in policy.state_dict_for_sync().items():
         torch.testing.assert_close(stage0["state"][name], tensor, atol=1e-4, rtol=1e-4, msg=name)
+
+
+def _bf16_ranks(rank: int, port: int, model_dir: str, work: str) -> None:
+    torch.set_num_threads(1)
+    data = torch.load(Path(work) / "data.pt")
+    mine = select(data, torch.arange(rank * 4, rank * 4 + 4))
+    ranks = Ranks.join(rank, 2, "127.0.0.1", port, "gloo", dtype="bfloat16")
+    policy = PolicyShard(ranks, model_dir=model_dir, dtype="bfloat16", ppo=PPO, num_iterations=1)
+    ref = ReferenceShard(model_dir=model_dir, dtype="bfloat16")  # this rank's own replica, as a plan's dp 2
+    out = {"logprobs": policy.compute_logprobs(mine), "ref_logprobs": ref.compute_logprobs(mine)}
+    policy.update(*_one_share(data, rank))
+    out["ref_bytes"] = {p.element_size() for p in ref.model.parameters()}
+    out["policy_bytes"] = sum(p.to_local().numel() * p.element_size() for p in policy.model.parameters())
+    local = [
+        t.to_local() if hasattr(t, "to_local") else t
+        for st in policy.trainer.optimizer.state.values()
+        for t in st.values()
+    ]
+    out["adam_bytes"] = sum(t.numel() * t.element_size() for t in local if t.dim())
+    out["local_params"] = sum(p.to_local().numel() for p in policy.model.parameters())
+    torch.save(out, Path(work) / f"bf16_rank{rank}.pt")
+    torch.distributed.destroy_process_group()
+
+
+def _one_share(data, rank: int):
+    order, sizes = update_rows(8, PPO.num_epochs, PPO.num_minibatches, 2, update_seed(0, 0))
+    return select(data, order[rank]), sizes[rank]
+
+
+def test_bf16_reference_logprobs_equal_the_fsdp_policys_at_iteration_zero(tiny_model_dir, tmp_path):
+    """bf16 over gloo: the policy in 2 FSDP2 ranks (float32 master weights, cast to bf16 per layer) and
+    a reference replica per rank holding bf16 weights compute the same logprobs, bit for bit: KL is 0
+    before the first update. Element sizes are the cost model's: 2 B a frozen weight, 4 B a master
+    weight and 8 B of Adam state (planning.lifecycle)."""
+    model_dir = str(tiny_model_dir)
+    batch = make_batch()
+    policy = PolicyShard(model_dir=model_dir, ppo=PPO, num_iterations=1)
+    critic = CriticShard(model_dir=model_dir, ppo=PPO, num_iterations=1)
+    torch.save(
+        add_ppo_fields(batch, policy.compute_logprobs(batch), critic.compute_values(batch)), tmp_path / "data.pt"
+    )
+    mp.spawn(_bf16_ranks, args=(free_port(), model_dir, str(tmp_path)), nprocs=2, join=True)
+    for rank in (0, 1):
+        out = torch.load(tmp_path / f"bf16_rank{rank}.pt", weights_only=False)
+        assert torch.equal(out["logprobs"], out["ref_logprobs"]), rank
+        assert out["logprobs"].abs().sum() > 0
+        assert out["ref_bytes"] == {2}
+        assert out["policy_bytes"] == 4 * out["local_params"] and out["adam_bytes"] == 8 * out["local_params"]
