@@ -61,6 +61,10 @@ ENGINE = "engine"
 """The companion process beside each generation device: its vLLM engine rank."""
 
 
+class WorkerLost(RuntimeError):
+    """A process of the run died: the message names its device, what it held, the call, and why."""
+
+
 @dataclass(frozen=True)
 class Event:
     """One call on one device: wall-clock start and end (seconds since the epoch)."""
@@ -305,7 +309,26 @@ class PlanRuntime:
         """Add ``tasks`` (in priority order) and wait for them; their results."""
         for t in tasks:
             self.scheduler.add(t)
-        return self.scheduler.wait(*tasks)
+        return self.wait(*tasks)
+
+    def wait(self, *tasks: Task) -> list[Any]:
+        """``scheduler.wait``, with a dead process reported as ``WorkerLost`` naming the call it was in."""
+        from runtime.placement import ActorLost
+
+        try:
+            return self.scheduler.wait(*tasks)
+        except ActorLost as e:
+            raise self.lost(e) from None
+
+    def lost(self, error: Any) -> WorkerLost:
+        """``error`` (``runtime.placement.ActorLost``) as one line: device, what it held, call(s), cause."""
+        running = [t.call for t in self.scheduler.tasks if t.started and not t.done and error.device in t.devices]
+        held: list[str] = [*roles_on(self.plan, error.device)]
+        if error.device in self.plan.calls[Call.actor_gen].devices:
+            held.append(ENGINE)
+        who = error.companion or "device process"
+        during = f"during {', '.join(running)}" if running else "between calls"
+        return WorkerLost(f"device {error.device} ({who}; holds {', '.join(held)}) died {during}: {error.detail}")
 
     def _split(
         self, split: Split, role: Role, alloc: CallAllocation | None, args: tuple
@@ -434,7 +457,7 @@ class PlanRuntime:
 
     def finish_training(self, training: Training) -> tuple[dict[str, float], dict[str, float]]:
         """(actor stats, critic stats) of ``start_training``'s calls."""
-        actor, critic = self.scheduler.wait(training.actor, training.critic)
+        actor, critic = self.wait(training.actor, training.critic)
         return actor, critic
 
     def _reward_task(self, samples: list[Any]) -> Task:
@@ -557,7 +580,7 @@ class WeightSync:
 
     def finish(self, tasks: list[Task]) -> dict[str, float]:
         out: dict[str, float] = {}
-        for metrics in self.runtime.scheduler.wait(*tasks):
+        for metrics in self.runtime.wait(*tasks):
             out.update(metrics)
         self.runtime.snapshot(Phase.reallocate)
         return out

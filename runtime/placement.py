@@ -40,6 +40,25 @@ class PlacementError(RuntimeError):
     """The cluster cannot hold the plan's devices (raised at start, never left pending)."""
 
 
+class ActorLost(RuntimeError):
+    """A device process (or its ``companion``, the engine) died: killed, out of memory, crashed."""
+
+    def __init__(self, device: int, companion: str | None, detail: str):
+        self.device, self.companion, self.detail = device, companion, detail
+        super().__init__(f"the {companion or 'device process'} of device {device} died ({detail})")
+
+
+def exit_detail(error: Exception) -> str:
+    """Ray's account of why an actor's process ended, cut to the line that says it (the signal or exit
+    code when Ray knows it)."""
+    text = str(error)
+    for marker in ("Worker exit detail:", "exit detail:", "signal", "exit code", "SIGKILL", "OOM"):
+        for line in text.splitlines():
+            if marker.lower() in line.lower():
+                return line.strip()[:300]
+    return text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
+
+
 def _free_port(host: str) -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -441,12 +460,37 @@ class DevicePool:
         return (fn.options(num_returns=num_returns) if num_returns != 1 else fn).remote(method, *args, **kwargs)
 
     def wait(self, futures: Sequence[Any]) -> list[Any]:
-        """Results of ``submit`` futures, in order."""
-        return wait(futures)
+        """Results of ``submit`` futures, in order; ``ActorLost`` when one failed because its actor died."""
+        try:
+            return wait(futures)
+        except ray.exceptions.RayError as e:  # a dead actor, a peer failing with it, an OOM kill
+            raise self._lost(e) from None
 
     def wait_any(self, futures: Sequence[Any]) -> list[Any]:
-        """Block until at least one of ``futures`` is ready; the ready ones."""
-        return wait_any(futures)
+        """Block until at least one of ``futures`` is ready; the ready ones. A ready one that failed
+        because its actor died raises ``ActorLost`` at once, without waiting for peers that may hang
+        in a collective with the dead process (NCCL's would, until the collective timeout)."""
+        ready = wait_any(futures)
+        try:
+            ray.get(ready, timeout=0)
+        except ray.exceptions.RayError as e:  # a dead actor, a peer failing with it, an OOM kill
+            raise self._lost(e) from None
+        return ready
+
+    def _lost(self, error: Exception) -> Exception:
+        """The ``ActorLost`` behind ``error`` (a dead actor's own failure, or a peer's collective failing
+        because of it), found by asking every actor where it is; ``error`` itself if none is dead."""
+        probes: dict[tuple[int, str | None], Any] = {(d, None): h.where.remote() for d, h in self.hosts.items()}
+        probes.update({(d, name): a.where.remote() for (name, d), a in self.companions.items()})
+        ready, _ = ray.wait(list(probes.values()), num_returns=len(probes), timeout=10)
+        for (device, companion), ref in probes.items():
+            if ref not in ready:
+                continue  # alive, busy with a call
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as dead:
+                return ActorLost(device, companion, exit_detail(dead))
+        return error
 
     def where(self) -> dict[int, dict[str, Any]]:
         """Per device, what its host actor reports from inside: node id, GPU ids, pid."""

@@ -82,6 +82,10 @@ class RunConfig:
     rollouts_every: int = 0
     """Every N iterations, the iteration's whole batch of rollouts (response, success, learned reward,
     steps) to rollouts/iter_NNNNNN.jsonl (0: never)."""
+    max_restarts: int = 0
+    """When a device process or vLLM engine dies (killed, out of memory), restart the cluster from the
+    last complete checkpoint up to this many times (each restart logged in metrics.jsonl); 0: stop with
+    one line naming the device, the call, the cause and the command that resumes."""
     dry_run: bool = False
     """Print the execution plan (per call: devices, layout, predicted seconds and memory) and exit
     without starting Ray or loading weights."""
@@ -89,7 +93,14 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.num_iterations < 1:
             raise ValueError(f"run.num_iterations={self.num_iterations}: must be >= 1")
-        for name in ("eval_every", "num_heldout_samples", "checkpoint_every", "num_logged_samples", "rollouts_every"):
+        for name in (
+            "eval_every",
+            "num_heldout_samples",
+            "checkpoint_every",
+            "num_logged_samples",
+            "rollouts_every",
+            "max_restarts",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"run.{name}={getattr(self, name)}: must be >= 0")
 

@@ -18,6 +18,7 @@ import hashlib
 import json
 import math
 import os
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -181,11 +182,27 @@ class Run:
         return self.run_dir / "checkpoints"
 
 
+@dataclass
+class Prepared:
+    """What every attempt of a run shares (a restart after a lost worker reuses it)."""
+
+    train_problems: list[Problem]
+    heldout: list[Problem]
+    base_dir: Path
+    tokenizer: Any
+    prompts: dict[str, str]
+    prompt_tokens: dict[str, list[int]]
+    reward_dir: Path | None
+
+
 def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
+    """Train; when a device process or engine dies, restart the cluster from the last complete
+    checkpoint up to ``run.max_restarts`` times (each restart a row of metrics.jsonl), else stop with
+    one line naming the device, the call, the cause and the command that resumes."""
     from transformers import AutoTokenizer
 
-    from ppo.kl import make_kl_controller
-    from runtime.placement import RayCluster
+    from runtime.driver import WorkerLost
+    from runtime.placement import ActorLost
 
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.run.seed)
@@ -194,7 +211,38 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
     check_fits(cfg, base_dir)
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     prompts, prompt_tokens = render_prompts(cfg, tokenizer, train_problems + heldout)
-    reward_dir = resolve_reward_model_dir(cfg)
+    prepared = Prepared(
+        train_problems, heldout, base_dir, tokenizer, prompts, prompt_tokens, resolve_reward_model_dir(cfg)
+    )
+    restarts: list[str] = []
+    while True:
+        try:
+            run = _attempt(cfg, run_dir, prepared, restarts)
+            break
+        except (WorkerLost, ActorLost) as e:
+            if len(restarts) >= cfg.run.max_restarts:
+                raise TrainingError(f"{e}. Resume with: {resume_command(run_dir)}") from None
+            restarts.append(str(e))
+            _log(f"[restart {len(restarts)}/{cfg.run.max_restarts}] {e}; restarting from the last complete checkpoint")
+    # After the shutdown, so that no actor log line can follow the result line.
+    _log(f"metrics: {run_dir / 'metrics.jsonl'}  curves: {run_dir / 'curves.png'}")
+    _log(f"held-out success: {run.before:.3f} -> {run.last_eval['heldout/success']:.3f}")
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def resume_command(run_dir: Path) -> str:
+    """This process's command line, pointed at ``run_dir`` (a named run resumes there already)."""
+    argv = ["python", *sys.argv]
+    if not any(a.startswith(("run.name=", "hydra.run.dir=")) for a in argv):
+        argv.append(f"hydra.run.dir={run_dir}")
+    return " ".join(argv)
+
+
+def _attempt(cfg: TrainConfig, run_dir: Path, prepared: Prepared, restarts: list[str]) -> Run:
+    """One cluster's life: start Ray, deploy the plan, resume or begin, train to the end."""
+    from ppo.kl import make_kl_controller
+    from runtime.placement import RayCluster
+
     cl = cfg.cluster
     cluster = RayCluster.start(
         cl.address,
@@ -204,33 +252,28 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
     )
     run = None
     try:
-        policy_dir = warm_start(cfg, base_dir, train_problems)
-        plan, lifecycle = execution_plan(cfg, policy_dir, reward_dir, run_dir)
+        policy_dir = warm_start(cfg, prepared.base_dir, prepared.train_problems)
+        plan, lifecycle = execution_plan(cfg, policy_dir, prepared.reward_dir, run_dir)
         runtime = deploy(cfg, cluster, plan, lifecycle, policy_dir)
-        run = Run(
-            cfg,
-            run_dir,
-            tokenizer,
-            train_problems,
-            heldout,
-            prompts,
-            prompt_tokens,
-            runtime,
-            make_kl_controller(cfg.ppo),
-        )
+        p = prepared
+        kl_ctl = make_kl_controller(cfg.ppo)
+        run = Run(cfg, run_dir, p.tokenizer, p.train_problems, p.heldout, p.prompts, p.prompt_tokens, runtime, kl_ctl)
         atomic_write_text(run_dir / "placement.json", json.dumps(runtime.placement(), indent=2))
-        run_iterations(run, resume_or_begin(run))
-        after = run.last_eval["heldout/success"]
-        summary = {"heldout_before": run.before, "heldout_after": after, "run_dir": str(run_dir)}
+        start = resume_or_begin(run)
+        if restarts and run.writer is not None:
+            run.writer.log_restart(start, len(restarts), restarts[-1])
+        run_iterations(run, start)
+        summary = {
+            "heldout_before": run.before,
+            "heldout_after": run.last_eval["heldout/success"],
+            "run_dir": str(run_dir),
+        }
         atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2))
+        return run
     finally:
         if run is not None and run.writer is not None:
             run.writer.close()
         cluster.shutdown()
-    # After the shutdown, so that no actor log line can follow the result line.
-    _log(f"metrics: {run_dir / 'metrics.jsonl'}  curves: {run_dir / 'curves.png'}")
-    _log(f"held-out success: {run.before:.3f} -> {after:.3f}")
-    return summary
 
 
 def render_prompts(

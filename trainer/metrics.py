@@ -84,6 +84,11 @@ class MetricsWriter:
         with self.heldout_path.open("a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
 
+    def log_restart(self, iteration: int, restart: int, reason: str) -> None:
+        """A restart after a lost worker, resuming at ``iteration``: a row of its own in metrics.jsonl."""
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({"iteration": iteration, "restart": restart, "reason": reason}) + "\n")
+
     def log_residency(self, iteration: int, rows: list[dict[str, Any]]) -> None:
         """What every device held at the start of each phase of this iteration (``PlanRuntime.snapshot``),
         beside the plan's ``memory_lifecycle.json``: the two should say the same."""
