@@ -223,3 +223,15 @@ def test_the_driver_wakes_and_sleeps_the_engines_at_the_lifecycles_phase_boundar
     assert device0.index("device0.call.update") < device0.index("device0.reallocate")
     phases = [row["phase"] for row in runtime.residency_log if row["device"] == 0]
     assert phases == [Phase.generate, Phase.infer, Phase.train, Phase.reallocate, Phase.generate]
+
+
+def test_a_shard_handed_over_as_an_ipc_handle_arrives_as_the_same_tensor():
+    """On a GPU the device process hands the engine beside it a CUDA IPC handle (reduce_tensor), not a
+    copy; the same reduction of a CPU tensor (shared memory) shows the engine rebuilds what was sent."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    from models.vllm_engine import _received
+
+    shard = torch.arange(6.0).reshape(2, 3)
+    assert torch.equal(_received(reduce_tensor(shard)), shard)
+    assert _received(shard) is shard  # on CPU the tensor itself travels (Ray's object store)
