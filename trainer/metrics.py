@@ -144,10 +144,18 @@ def _scalar(v: Any) -> Any:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``run_dir/metrics.jsonl`` ([] when there is none); ValueError naming file and line."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    rows = []
+    for num_line, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError as e:
+                raise ValueError(f"{path}:{num_line}: malformed JSON ({e})") from None
+    return rows
 
 
 def plot_curves(run_dir: Path, out: Path | None = None) -> Path | None:

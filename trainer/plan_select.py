@@ -225,8 +225,14 @@ def _mesh(plan: ExecutionPlan, alloc: CallAllocation) -> str:
 
 
 def dry_run_report(cfg: TrainConfig, run_dir: Path | None = None) -> list[str]:
-    """What `python train.py run.dry_run=true` prints: the plan, one line per call (mesh, layout,
-    predicted seconds, memory per device), and the cost model's totals on the last line.
+    """``plan_report``'s lines."""
+    return plan_report(cfg, run_dir)[0]
+
+
+def plan_report(cfg: TrainConfig, run_dir: Path | None = None) -> tuple[list[str], str | None]:
+    """The plan part of `python train.py run.dry_run=true`: one line per call (mesh, layout, predicted
+    seconds, memory per device), the cost model's totals on the last line; and, when the plan does not
+    fit the devices' memory, that problem (else None).
 
     Reads shapes from the configs only (no weights, no download, no Ray). The call's memory is its
     own (resident + active) bytes per device; the peak is the fullest device of its mesh with every
@@ -253,9 +259,12 @@ def dry_run_report(cfg: TrainConfig, run_dir: Path | None = None) -> list[str]:
             f"(peak {peak / gib:.1f})"
         )
     lines.append(f"  reallocation {cost.realloc_seconds:.2f} s per iteration; calls on disjoint devices overlap")
+    problem = None
     if not cost.fits:
-        lines.append(
-            f"warning: the fullest device needs {cost.overflow_bytes / gib:.1f} GiB more than a {cl.hardware} has"
+        problem = (
+            f"the plan does not fit: its fullest device needs {cost.overflow_bytes / gib:.1f} GiB more than a "
+            f"{cl.hardware} has; add devices (cluster.devices_per_node, cluster.num_nodes), try cluster.plan=search, "
+            "or shrink the batch (rollout.num_prompts, rollout.num_samples_per_prompt)"
         )
     if run_dir is not None:
         lines.append(f"written: {Path(run_dir) / PLAN_FILE} (run it with cluster.plan=<that path>)")
@@ -263,4 +272,4 @@ def dry_run_report(cfg: TrainConfig, run_dir: Path | None = None) -> list[str]:
         f"plan: {plan.num_devices} devices, predicted {cost.seconds_per_iteration:.2f} s/iteration, "
         f"peak {cost.peak_bytes / gib:.1f} GiB/device"
     )
-    return lines
+    return lines, problem

@@ -13,7 +13,6 @@ summarizes those copies, so that a committed ``DIR`` holds the data behind its t
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 from collections import defaultdict
@@ -21,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from common.cli import ArgumentParser, fail
 from common.files import atomic_save_figure, atomic_write_text
 from trainer.metrics import read_metrics
 
@@ -193,12 +193,12 @@ def _fmt(x: Any) -> str:
 def write_summary(root: Path, out: Path) -> tuple[Path, Path | None]:
     found = find_runs(root)
     if not found:
-        raise SystemExit(f"no runs with metrics.jsonl under {root}")
+        raise ValueError(f"{root}: no runs (directories with metrics.jsonl) under it")
     # A run still going (or killed) has no summary.json yet: its partial curves would skew the means.
     runs = [r for r in found if (r / "summary.json").exists()]
     unfinished = [r for r in found if r not in runs]
     if not runs:
-        raise SystemExit(f"no finished runs (with summary.json) under {root}; {len(unfinished)} still going")
+        raise ValueError(f"{root}: no finished runs (with summary.json) under it; {len(unfinished)} still going")
     runs, rows = zip(*sorted(((r, run_row(r)) for r in runs), key=lambda pair: _order(pair[1])))
     for run, row in zip(runs, rows):  # paths as seen from the sweep directory, so the summary can move with it
         row["run"] = str(run.relative_to(root))
@@ -339,8 +339,8 @@ def _plot(runs: list[Path], rows: list[dict[str, Any]], path: Path) -> Path:
     return atomic_save_figure(fig, path, dpi=90)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv: list[str] | None = None) -> None:
+    ap = ArgumentParser(prog="python -m trainer.summarize", description=__doc__.splitlines()[0])
     ap.add_argument("root", type=Path, help="a Hydra multirun directory (or any folder of run directories)")
     ap.add_argument("--out", type=Path, default=None, help="where to write summary.md/curves.png (default: root)")
     ap.add_argument(
@@ -348,15 +348,22 @@ def main() -> None:
         action="store_true",
         help="copy the finished runs compactly to OUT/runs/ and summarize the copies (needs --out)",
     )
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     root = args.root
+    if not root.is_dir():
+        fail(f"{root}: no such directory")
     if args.export:
         if args.out is None:
-            raise SystemExit("--export needs --out")
+            fail("--export needs --out (where the copies and the summary go)")
+        if not any((r / "summary.json").exists() for r in find_runs(root)):
+            fail(f"{root}: no finished runs (with summary.json) under it to export")
         copies = export_runs(args.root, args.out / "runs")
         print(f"exported {len(copies)} runs to {args.out / 'runs'}")
         root = args.out / "runs"
-    md, png = write_summary(root, args.out or root)
+    try:
+        md, png = write_summary(root, args.out or root)
+    except (ValueError, OSError) as e:  # a run directory it cannot read (malformed JSON): name it, no traceback
+        fail(f"{e}")
     print(md.read_text())
     print(f"wrote {md} and {png}")
 
