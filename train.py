@@ -38,10 +38,11 @@ def main(cfg: DictConfig) -> None:
     typed = to_train_config(cfg)  # checked before Hydra started (cli), so this cannot fail here
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
+    created = not any(run_dir.iterdir())  # Hydra has just made it: nothing of an earlier launch is there
     if typed.run.dry_run:
-        dry_run(typed, run_dir)
+        dry_run(typed, run_dir, created)
         return
-    with bad_input_fails(run_dir):
+    with bad_input_fails(run_dir, created):
         from trainer.run_dir import check_resume
 
         check_resume(typed, run_dir)
@@ -61,7 +62,7 @@ def main(cfg: DictConfig) -> None:
 
 
 @contextmanager
-def bad_input_fails(run_dir: Path) -> Iterator[None]:
+def bad_input_fails(run_dir: Path, created: bool) -> Iterator[None]:
     """Bad input, not a bug: one ``error:`` line, exit status 1. Completed checkpoints stay as they are; a
     run directory that this launch created and that holds nothing but its config snapshot is removed."""
     from mathtask.data import DataError
@@ -69,7 +70,6 @@ def bad_input_fails(run_dir: Path) -> Iterator[None]:
     from trainer.loop import TrainingError
     from trainer.run_dir import ResumeError, remove_unused
 
-    created = not any(run_dir.iterdir())  # Hydra has just made it: nothing of an earlier launch is there
     try:
         yield
     except (DataError, ModelNotAvailable, TrainingError, ResumeError) as e:
@@ -78,13 +78,16 @@ def bad_input_fails(run_dir: Path) -> Iterator[None]:
         fail(str(e))
 
 
-def dry_run(cfg, run_dir: Path) -> None:
+def dry_run(cfg, run_dir: Path, created: bool) -> None:
     """Print what a run would hit (``trainer.preflight``); exit 1 with the first problem as the last line."""
     from trainer.preflight import preflight
+    from trainer.run_dir import remove_unused
 
     lines, problems = preflight(cfg, run_dir)
     print("\n".join(lines), flush=True)
     if problems:
+        if created:
+            remove_unused(run_dir)
         more = f" (and {len(problems) - 1} more above)" if len(problems) > 1 else ""
         fail(problems[0] + more)
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import difflib
 import itertools
-import os
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -55,10 +54,19 @@ class ArgumentParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
         words = sys.argv[1:] if args is None else list(args)
-        old = [w.split("=", 1)[0] for w in words if w.split("=", 1)[0] in self.renamed]
-        if old:  # before argparse's own checks, which would first ask for the new names' required options
-            self.error("unrecognized arguments: " + " ".join(old))
+        if self._subparsers is None:  # a sub-command's options are its own parser's to judge
+            unknown = [w.split("=", 1)[0] for w in words if w.startswith("--") and not self._known(w.split("=", 1)[0])]
+            if unknown:  # before argparse's own checks, which would first ask for the required options
+                self.error("unrecognized arguments: " + " ".join(unknown))
         return super().parse_known_args(args, namespace)
+
+    def _known(self, name: str) -> bool:
+        """An option of this parser, or (argparse's abbreviations) the start of exactly one."""
+        return (
+            name == "--"
+            or name in self._option_string_actions
+            or (self.allow_abbrev and sum(o.startswith(name) for o in self._option_string_actions) == 1)
+        )
 
     def error(self, message: str) -> NoReturn:
         prefix = "unrecognized arguments: "
@@ -204,7 +212,8 @@ def hydra_error_line(error: Exception, overrides: Sequence[str], keys: Sequence[
     if isinstance(error, MissingConfigException) and error.options is not None and error.missing_cfg_file:
         group, _, option = str(error.missing_cfg_file).rpartition("/")
         folder = config_dir / group
-        where = f" ({os.path.relpath(folder)}/)" if folder.is_dir() else ""
+        parts = folder.parts  # shown from the configs/ folder on: configs/reward/, configs/eval/data/
+        where = f" ({'/'.join(parts[len(parts) - parts[::-1].index('configs') - 1 :])}/)" if folder.is_dir() else ""
         return (
             f"{_override_for(group, overrides) or option}: no option {option!r} for {group}{where}"
             f"{did_you_mean(option, error.options)}; options: {', '.join(error.options)}"

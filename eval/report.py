@@ -278,16 +278,20 @@ def reward_paper_table(sweep_dir: Path, size: str, seed: int, benchmarks: list[s
 
 
 def _main(argv: list[str] | None = None) -> int:
-    from common.cli import ArgumentParser
+    from common.cli import ArgumentParser, fail
 
     parser = ArgumentParser(prog="python -m eval.report")
     sub = parser.add_subparsers(dest="command", required=True)
     table = sub.add_parser("reward-paper-table", help="the reward paper's table of a reproduce_reward_paper.sh sweep")
     table.add_argument("sweep_dir", type=Path)
-    table.add_argument("--size", required=True, help="1.5b, 7b or tiny (which paper numbers to set beside)")
+    table.add_argument(
+        "--size", required=True, choices=["1.5b", "7b", "tiny"], help="which paper numbers to set beside"
+    )
     table.add_argument("--seed", type=int, default=0)
     table.add_argument("--benchmarks", nargs="+", default=["math500", "gsm8k"])
     args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        fail(f"{args.sweep_dir}: no such directory (the OUT of scripts/reproduce_reward_paper.sh)")
     text = reward_paper_table(args.sweep_dir, args.size, args.seed, args.benchmarks)
     atomic_write_text(args.sweep_dir / "table.md", text)
     print(text, end="")

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from planning.estimator import estimate_plan, hardware
 from trainer.compose import to_train_config
 from trainer.config import TrainConfig, register_configs
-from trainer.plan_select import dry_run_report, model_specs, resolve_plan, workload
+from trainer.plan_select import model_specs, plan_report, resolve_plan, workload
 
 ROOT = Path(__file__).resolve().parents[1]
 LAST_LINE = re.compile(r"plan: (\d+) devices, predicted (\d+\.\d\d) s/iteration, peak (\d+\.\d) GiB/device")
@@ -29,9 +29,10 @@ def _cfg(*overrides: str) -> TrainConfig:
 
 @pytest.mark.parametrize("cluster", ["gpu_1x8", "gpu_2x8"])
 @pytest.mark.parametrize("model", ["qwen2.5-math-1.5b-instruct", "qwen2.5-math-7b-instruct"])
-def test_dry_run_prints_each_call_and_the_cost_models_totals(cluster, model, tmp_path):
+def test_dry_run_prints_each_call_and_the_cost_models_totals(cluster, model):
     cfg = _cfg(f"cluster={cluster}", f"model={model}")
-    lines = dry_run_report(cfg, tmp_path)
+    report = plan_report(cfg)
+    lines = [*report.lines, report.summary]
     num_devices, seconds, peak = LAST_LINE.fullmatch(lines[-1]).groups()
     assert 1 <= int(num_devices) <= cfg.cluster.num_devices
     specs = model_specs(cfg)
@@ -45,11 +46,11 @@ def test_dry_run_prints_each_call_and_the_cost_models_totals(cluster, model, tmp
     for call in ("actor_gen", "ref_inf", "critic_inf", "actor_train", "critic_train"):
         (line,) = [x for x in lines if x.split()[0] == call]
         assert re.search(r"devices \S+ +pp\d+ dp\d+ tp\d+ mb\d+.* \d+\.\d\d s +\d+\.\d GiB/device", line), line
-    assert (tmp_path / "plan.yaml").exists()
+    assert report.problem is None
 
 
 @pytest.mark.parametrize("cluster", ["gpu_1x8", "gpu_2x8"])
-def test_the_heuristic_fits_the_reward_papers_7b_batch(cluster, tmp_path):
+def test_the_heuristic_fits_the_reward_papers_7b_batch(cluster):
     # 4096 prompts x 8 samples x (1024 + 1024) tokens: 67M tokens per iteration on Qwen2.5-Math-7B.
     cfg = _cfg(
         f"cluster={cluster}",
@@ -58,7 +59,7 @@ def test_the_heuristic_fits_the_reward_papers_7b_batch(cluster, tmp_path):
         "rollout.max_prompt_tokens=1024",
         "rollout.max_new_tokens=1024",
     )
-    peak = float(LAST_LINE.fullmatch(dry_run_report(cfg, tmp_path)[-1]).group(3))
+    peak = float(LAST_LINE.fullmatch(plan_report(cfg).summary).group(3))
     assert peak <= 80  # an H100's memory
 
 

@@ -7,7 +7,8 @@
     plan     the execution plan, one line per call, and whether it fits the devices' memory
 
 ``preflight`` returns the report's lines and the problems found; train.py prints the lines and, when
-there is a problem, exits with status 1 and the first problem as its last line.
+there is a problem, exits with status 1 and the first problem as its last line. Only a dry run that
+finds nothing wrong writes into the run directory (its plan.yaml).
 """
 
 from __future__ import annotations
@@ -48,17 +49,19 @@ def preflight(cfg: TrainConfig, run_dir: Path | None) -> tuple[list[str], list[s
         from trainer.run_dir import check_resume
 
         check("resume", lambda: check_resume(cfg, run_dir))
-    try:
-        from trainer.plan_select import plan_report
+    from trainer.plan_select import PLAN_FILE, plan_report
 
-        plan_lines, problem = plan_report(cfg, run_dir)
-        lines += plan_lines
-        if problem is not None:
-            problems.append(problem)
+    try:
+        report = plan_report(cfg)
     except PlanError as e:
         lines.append(f"plan: FAILED: {e}")
-        problems.append(f"plan: {e}")
-    return lines, problems
+        return lines, problems + [f"plan: {e}"]
+    lines += report.lines
+    problems += [report.problem] if report.problem else []
+    if run_dir is not None and not problems:  # a failed check writes nothing
+        report.plan.save(run_dir / PLAN_FILE)
+        lines.append(f"written: {run_dir / PLAN_FILE} (run it with cluster.plan=<that path>)")
+    return lines + [report.summary], problems
 
 
 def describe_data(cfg: TrainConfig) -> str:

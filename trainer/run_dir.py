@@ -103,8 +103,18 @@ def save_run_config(run_dir: Path, config_yaml: str, overrides: list[str]) -> No
 
 def remove_unused(run_dir: Path) -> None:
     """Remove a run directory that holds nothing but the config snapshot (a launch that failed before it
-    wrote anything else); a directory with anything more is left as it is."""
+    wrote anything else), then its parents below the working directory while they are empty (Hydra made
+    ``outputs/<date>/`` for it); a directory with anything more is left as it is."""
     import shutil
 
-    if run_dir.is_dir() and {p.name for p in run_dir.iterdir()} <= {CONFIG_FILE.parent.name}:
-        shutil.rmtree(run_dir)
+    if not run_dir.is_dir() or not {p.name for p in run_dir.iterdir()} <= {CONFIG_FILE.parent.name}:
+        return
+    shutil.rmtree(run_dir)
+    cwd = Path.cwd().resolve()
+    for parent in run_dir.resolve().parents:
+        if parent == cwd or cwd not in parent.parents:
+            break
+        try:
+            parent.rmdir()  # only when empty
+        except OSError:
+            break
