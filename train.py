@@ -30,7 +30,8 @@ CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 register_configs()
 
 
-@hydra.main(config_path="configs", config_name="train", version_base="1.3")
+# An absolute config path: the same configs/ whether run as `python train.py` or as the installed realm-train.
+@hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     from trainer.loop import train
     from trainer.run_dir import save_run_config

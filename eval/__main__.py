@@ -49,6 +49,7 @@ from common.dtypes import DTYPES  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+"""The repository (or, pip-installed, site-packages): configs/ lies beside the packages in both."""
 MODEL_CONFIG_DIR = REPO_ROOT / "configs" / "model"
 
 
@@ -178,7 +179,8 @@ def default_run_dir(cfg: EvalConfig, key: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]
     data = Path(cfg.data.name).stem if cfg.data.name.endswith((".jsonl", ".json", ".parquet")) else cfg.data.name
     limit = f"-limit{cfg.data.limit}" if cfg.data.limit else ""
-    return REPO_ROOT / "outputs" / "eval" / f"{_slug(cfg.model.name)}-{_slug(data)}{limit}-{digest}"
+    # Under the working directory, as train.py's runs are (outputs/...), also when realm is pip-installed.
+    return Path("outputs") / "eval" / f"{_slug(cfg.model.name)}-{_slug(data)}{limit}-{digest}"
 
 
 def auto_kv_cache_gib(model_dir: Path, dtype: str, num_sequences: int, num_tokens: int) -> int:
@@ -526,7 +528,8 @@ def _checkpoint_dtype(path: Path) -> str | None:
 register_configs()
 
 
-@hydra.main(config_path="../configs/eval", config_name="eval", version_base="1.3")
+# An absolute config path: found the same way under `python -m eval` and the installed realm-eval.
+@hydra.main(config_path=str(REPO_ROOT / "configs" / "eval"), config_name="eval", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
         run_dir = run_eval(to_eval_config(cfg))

@@ -200,7 +200,9 @@ def main() -> None:
 
     _register()
 
-    @hydra.main(config_path="../configs/rm", config_name="train_rm", version_base="1.3")
+    config_dir = Path(__file__).resolve().parent.parent / "configs" / "rm"
+
+    @hydra.main(config_path=str(config_dir), config_name="train_rm", version_base="1.3")
     def run(dict_cfg) -> None:
         cfg = to_typed_config(dict_cfg, RMTrainConfig, "rewards/rm_config.py")  # checked before Hydra started
         out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
@@ -216,7 +218,6 @@ def main() -> None:
             fail(str(e))
         print(json.dumps({"output_dir": str(out), **info["metrics"]}, indent=2))
 
-    config_dir = Path(__file__).resolve().parent.parent / "configs" / "rm"
     sys.argv[1:] = check_overrides(
         config_dir, "train_rm", sys.argv[1:], check=lambda c: to_typed_config(c, RMTrainConfig, "rewards/rm_config.py")
     )

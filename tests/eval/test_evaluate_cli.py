@@ -17,7 +17,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from common.config import ConfigError
-from eval.__main__ import EvalError, auto_kv_cache_gib, default_run_dir, run_eval, run_key, to_eval_config
+from eval.__main__ import EvalError, as_trained, auto_kv_cache_gib, default_run_dir, run_eval, run_key, to_eval_config
 from models.vllm_engine import Completion, EngineInfo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -219,3 +219,21 @@ def test_command_rejects_an_added_unknown_key_before_evaluating(
         runpy.run_module("eval", run_name="__main__", alter_sys=True)
     err = capsys.readouterr().err
     assert info.value.code == 1 and err.startswith(f"error: unknown config key {key}"), err
+
+
+def test_an_exported_policy_is_evaluated_with_its_training_prompt_and_budget(tmp_path):
+    # An export (trainer.export) holds prompt.yaml and realm_export.json; its rollouts had 48 new tokens.
+    exported = tmp_path / "hf"
+    exported.mkdir()
+    (exported / "prompt.yaml").write_text("name: trained\nsystem: ''\nuser: '{question}'\nchat: true\n")
+    (exported / "realm_export.json").write_text(json.dumps({"heldout": {"max_new_tokens": 48}}))
+    cfg, said = as_trained(config(), exported)
+    assert (cfg.prompt, cfg.max_new_tokens) == ("trained", 48)
+    assert said == "prompt trained (the policy's own), max_new_tokens 48 (its rollouts')"
+    cfg, said = as_trained(config("prompt=qwen_math_cot", "max_new_tokens=512"), exported)
+    assert (cfg.prompt, cfg.max_new_tokens) == ("qwen_math_cot", 512)
+    assert said == "prompt qwen_math_cot (prompt=), max_new_tokens 512 (max_new_tokens=)"
+    # Any other model: the dataset's prompt (MATH-500: qwen_math_cot) and 1,024 new tokens, as before.
+    cfg, said = as_trained(config(), tmp_path)
+    assert (cfg.prompt, cfg.max_new_tokens) == ("", 1024)
+    assert said == "prompt qwen_math_cot (the dataset's), max_new_tokens 1024 (the default)"
