@@ -139,10 +139,11 @@ def sweep_jobs(overrides: Sequence[str]) -> list[list[str]]:
     choices = []
     for override in OverridesParser.create().parse_overrides(list(overrides)):
         key = override.get_key_element()
-        if override.is_discrete_sweep():
+        if override.is_discrete_sweep():  # a,b,c or range(...)
             choices.append([f"{key}={value}" for value in override.sweep_string_iterator()])
-        else:  # a range or interval sweep: Hydra itself reports what it can do with it
-            choices.append([override.input_line])
+        elif not override.is_sweep_override():
+            choices.append([str(override.input_line)])  # as typed
+        # an interval sweep has no values to compose: Hydra reports what its sweeper makes of it
     if len(choices) and _product_size(choices) > MAX_SWEEP_JOBS_CHECKED:
         firsts = [c[0] for c in choices]
         return [firsts[:i] + [value] + firsts[i + 1 :] for i, c in enumerate(choices) for value in c]
