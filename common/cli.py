@@ -173,7 +173,6 @@ def check_overrides(
         return list(argv)
     argv = list(argv)
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        plain_keys = dotted_keys(compose(config_name=config_name))
         jobs = sweep_jobs(args.overrides) if args.multirun else [list(args.overrides)]
         for job in jobs:
             while True:
@@ -183,7 +182,8 @@ def check_overrides(
                 except Exception as e:  # noqa: BLE001 - every Hydra error becomes one line (or a `+` retry)
                     group = _group_without_default(e, config_dir)
                     if group is None:
-                        fail(hydra_error_line(e, job, plain_keys, config_dir))
+                        keys = dotted_keys(compose(config_name=config_name))  # the names a typo may mean
+                        fail(hydra_error_line(e, job, keys, config_dir))
                     job = [f"+{o}" if o.startswith(f"{group}=") else o for o in job]
                     argv = [f"+{a}" if a.startswith(f"{group}=") else a for a in argv]
             try:
