@@ -20,8 +20,8 @@ trained when missing by this command or by the training driver before it starts 
 reward function is built) into ``models.registry.cache_root()/reward_models/``, atomically, keyed
 by a hash of the config.
 
-The built-ins' held-out accuracies and AUCs (``scripts/train_reward_models.sh``) are in the README,
-"Rewards"; each run also writes them to ``realm_rm.json`` and prints them.
+Each run writes its held-out accuracies and AUCs to ``realm_rm.json`` and prints them; the built-in PRM's
+on one machine are in docs/rewards.md (``scripts/train_reward_models.sh`` trains both built-ins).
 """
 
 from __future__ import annotations

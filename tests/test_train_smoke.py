@@ -87,7 +87,7 @@ def _untimed(rows: list[dict]) -> list[dict]:
 
 @pytest.mark.slow
 def test_two_runs_with_one_seed_give_the_same_metrics(tmp_path):
-    """What the README's determinism statement rests on: on one machine, the same command twice (PRM
+    """What docs/default_run.md's determinism statement rests on: on one machine, the same command twice (PRM
     reward, so the reward model's scores are in it too) writes the same numbers, timings aside."""
     runs = []
     for name in ("a", "b"):

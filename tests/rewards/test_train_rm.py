@@ -271,7 +271,7 @@ def test_cli_trains_into_output_dir(tmp_path):
 def test_builtin_reward_models_train_on_first_use_and_beat_a_constant(path):
     """The real built-ins (minutes each): trained once into the cache, then reused.
 
-    Small verifiers of the synthetic task (README "Rewards"), clearly better than a constant: the thresholds
+    Small verifiers of the synthetic task (docs/rewards.md), clearly better than a constant: the thresholds
     below, and the PRM's step accuracy above always answering the majority label.
     """
     from rewards.train_rm import ensure_builtin
@@ -279,7 +279,7 @@ def test_builtin_reward_models_train_on_first_use_and_beat_a_constant(path):
     model_dir = ensure_builtin(path)
     assert ensure_builtin(path) == model_dir and (model_dir / "COMPLETE").exists()
     metrics = json.loads((model_dir / "realm_rm.json").read_text())["metrics"]
-    # Thresholds below the spread over training seeds in README "Rewards" (PRM step AUC 0.80-0.85, lowest-step
+    # Thresholds below the spread over training seeds measured before (PRM step AUC 0.80-0.85, lowest-step
     # final-answer AUC 0.71-0.78; ORM at 2,800 steps final-answer AUC 0.81-0.90 over seeds 0-2), so a different CPU's
     # float reductions pass too.
     assert metrics["final_auc"] > 0.55
