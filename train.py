@@ -1,64 +1,104 @@
-"""realm's entry point: compose the config, build the parts, train.
+"""realm's entry point: check the command line, compose the config, build the parts, train.
 
 python train.py                      # success reward, tiny model, synthetic task, local CPU
-python train.py +reward=prm_delta    # + PRM with the Delta refinement
-python train.py --cfg job +reward=prm_clip_delta model=qwen2.5-math-1.5b-instruct cluster=gpu_1x8
-python train.py run.dry_run=true cluster=gpu_2x8 model=qwen2.5-math-7b-instruct   # the plan, no Ray
+python train.py +reward=prm_delta    # + PRM with the Delta refinement (reward=prm_delta works too)
+python train.py run.dry_run=true experiment=reward_paper_7b cluster=gpu_2x8   # what the run would hit, no Ray
+
+Bad input (a key, value, option, data file, model path, a plan that does not fit, a relaunch whose
+settings differ from its checkpoint's) ends with one line, ``error: ...``, and exit status 1, before
+anything is written into the run directory.
 """
 
 from __future__ import annotations
 
 import sys
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
+from common.cli import check_overrides, fail
+from trainer.compose import to_train_config
 from trainer.config import register_configs
 
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 register_configs()
 
 
-@hydra.main(config_path="configs", config_name="train", version_base="1.3")
+# An absolute config path: the same configs/ whether run as `python train.py` or as the installed realm-train.
+@hydra.main(config_path=str(CONFIG_DIR), config_name="train", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    from trainer.loop import train
+    from trainer.run_dir import save_run_config
+
+    typed = to_train_config(cfg)  # checked before Hydra started (cli), so this cannot fail here
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    created = not any(run_dir.iterdir())  # Hydra has just made it: nothing of an earlier launch is there
+    if typed.run.dry_run:
+        dry_run(typed, run_dir, created)
+        return
+    with bad_input_fails(run_dir, created):
+        from trainer.run_dir import check_resume
+
+        check_resume(typed, run_dir)
+        save_run_config(run_dir, OmegaConf.to_yaml(cfg), list(hydra_cfg.overrides.task))
+        try:
+            train(typed, run_dir)
+        except Exception:
+            if hydra_cfg.mode == RunMode.MULTIRUN:
+                # Hydra reports a failed sweep job only after the whole sweep: say it now, then let it go on.
+                print(
+                    f"[sweep] job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)}) failed:\n"
+                    f"{traceback.format_exc()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            raise
+
+
+@contextmanager
+def bad_input_fails(run_dir: Path, created: bool) -> Iterator[None]:
+    """Bad input, not a bug: one ``error:`` line, exit status 1. Completed checkpoints stay as they are; a
+    run directory that this launch created and that holds nothing but its config snapshot is removed."""
     from mathtask.data import DataError
     from models.registry import ModelNotAvailable
-    from trainer.compose import ConfigError, to_train_config
-    from trainer.loop import TrainingError, train
+    from trainer.loop import TrainingError
+    from trainer.run_dir import ResumeError, remove_unused
 
     try:
-        typed = to_train_config(cfg)
-    except ConfigError as e:
-        raise SystemExit(f"config error: {e}") from None
-    hydra_cfg = HydraConfig.get()
-    if typed.run.dry_run:
-        from planning.execution_plan import PlanError
-        from trainer.plan_select import dry_run_report
+        yield
+    except (DataError, ModelNotAvailable, TrainingError, ResumeError) as e:
+        if created:
+            remove_unused(run_dir)
+        fail(str(e))
 
-        try:
-            print("\n".join(dry_run_report(typed, Path(hydra_cfg.runtime.output_dir))), flush=True)
-        except PlanError as e:
-            raise SystemExit(f"plan error: {e}") from None
-        return
-    try:
-        train(typed, Path(hydra_cfg.runtime.output_dir))
-    except (DataError, ModelNotAvailable, TrainingError) as e:
-        # Bad input, not a bug: one clear line; completed checkpoints are left as they are.
-        raise SystemExit(f"error: {e}") from None
-    except Exception:
-        if hydra_cfg.mode == RunMode.MULTIRUN:
-            # Hydra reports a failed sweep job only after the whole sweep: say it now, then let it go on.
-            print(
-                f"[sweep] job {hydra_cfg.job.num} ({' '.join(hydra_cfg.overrides.task)}) failed:\n"
-                f"{traceback.format_exc()}",
-                file=sys.stderr,
-                flush=True,
-            )
-        raise
+
+def dry_run(cfg, run_dir: Path, created: bool) -> None:
+    """Print what a run would hit (``trainer.preflight``); exit 1 with the first problem as the last line."""
+    from trainer.preflight import preflight
+    from trainer.run_dir import remove_unused
+
+    lines, problems = preflight(cfg, run_dir)
+    print("\n".join(lines), flush=True)
+    if problems:
+        if created:
+            remove_unused(run_dir)
+        more = f" (and {len(problems) - 1} more above)" if len(problems) > 1 else ""
+        fail(problems[0] + more)
+
+
+def cli() -> None:
+    """``python train.py`` and the ``realm-train`` command: the command line checked against the schema
+    (one ``error:`` line for bad input, before Hydra creates a run directory), then the run."""
+    sys.argv[1:] = check_overrides(CONFIG_DIR, "train", sys.argv[1:], check=to_train_config)
+    main()
 
 
 if __name__ == "__main__":
-    main()
+    cli()

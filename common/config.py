@@ -50,10 +50,11 @@ def to_typed_config(cfg: DictConfig, schema: type[T], schema_file: str) -> T:
     is where a user looks up the declared keys)."""
     unknown = unknown_keys(cfg)
     if unknown:
-        raise ConfigError(
-            f"unknown config key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)} "
-            f"(not in the schema, {schema_file}; check the spelling)"
-        )
+        from common.cli import did_you_mean, dotted_keys
+
+        known = [k for k in dotted_keys(cfg) if not any(k == u or k.startswith(f"{u}.") for u in unknown)]
+        named = ", ".join(f"{key}{did_you_mean(key, known)}" for key in unknown)
+        raise ConfigError(f"unknown config key{'s' if len(unknown) > 1 else ''} {named}; the schema is {schema_file}")
     try:
         typed = OmegaConf.to_object(cfg)
     except OmegaConfBaseException as e:

@@ -43,11 +43,13 @@ from hydra.core.config_store import ConfigStore  # noqa: E402
 from omegaconf import DictConfig, OmegaConf  # noqa: E402
 from omegaconf.errors import OmegaConfBaseException  # noqa: E402
 
+from common.cli import check_overrides, fail  # noqa: E402
 from common.config import ConfigError, to_plain, to_typed_config  # noqa: E402
 from common.dtypes import DTYPES  # noqa: E402
 from models.config import ModelConfig  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+"""The repository (or, pip-installed, site-packages): configs/ lies beside the packages in both."""
 MODEL_CONFIG_DIR = REPO_ROOT / "configs" / "model"
 
 
@@ -85,7 +87,8 @@ class EvalConfig:
     """Alias of data.limit (the name evaluation harnesses use); non-zero overrides it."""
     prompt: str = ""
     """A template name from mathtask.prompts.TEMPLATES, a .yaml/.json file of template fields, or `trained`
-    (the prompt an exported realm policy was trained on: its prompt.yaml) ("" = data.prompt)."""
+    (the prompt an exported realm policy was trained on: its prompt.yaml). "" = `trained` for an exported
+    realm policy (a training run, checkpoint or its hf/ export), else data.prompt."""
     grader: Grader = Grader.realm
     """Who decides `correct`. With math_verify, realm's grader grades every sample too, and the report
     shows both accuracies and their agreement."""
@@ -99,7 +102,8 @@ class EvalConfig:
     """Samples per problem: 1 with temperature 0 is greedy accuracy; n > 1 gives pass@k / maj@k."""
     temperature: float = 0.0
     top_p: float = 1.0
-    max_new_tokens: int = 1024
+    max_new_tokens: int = 0
+    """0 = the rollouts' budget (rollout.max_new_tokens) for an exported realm policy, else 1024."""
     seed: int = 0
     """Sampling seed (each request gets its own generator seeded with it)."""
     ks: list[int] = field(default_factory=list)
@@ -135,8 +139,10 @@ class EvalConfig:
                 f"num_samples={self.num_samples} with temperature=0: greedy samples are identical; "
                 "set temperature > 0 (e.g. temperature=0.6)"
             )
-        if self.max_new_tokens < 1 or self.chunk_size < 1:
-            raise ValueError("max_new_tokens and chunk_size must be >= 1")
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens}: need >= 1 (or 0 for the default)")
+        if self.chunk_size < 1:
+            raise ValueError(f"chunk_size={self.chunk_size}: need >= 1")
         if any(not 1 <= k <= self.num_samples for k in self.ks):
             raise ValueError(f"ks={list(self.ks)}: each k must be in [1, num_samples={self.num_samples}]")
 
@@ -173,7 +179,8 @@ def default_run_dir(cfg: EvalConfig, key: dict[str, Any]) -> Path:
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:8]
     data = Path(cfg.data.name).stem if cfg.data.name.endswith((".jsonl", ".json", ".parquet")) else cfg.data.name
     limit = f"-limit{cfg.data.limit}" if cfg.data.limit else ""
-    return REPO_ROOT / "outputs" / "eval" / f"{_slug(cfg.model.name)}-{_slug(data)}{limit}-{digest}"
+    # Under the working directory, as train.py's runs are (outputs/...), also when realm is pip-installed.
+    return Path("outputs") / "eval" / f"{_slug(cfg.model.name)}-{_slug(data)}{limit}-{digest}"
 
 
 def auto_kv_cache_gib(model_dir: Path, dtype: str, num_sequences: int, num_tokens: int) -> int:
@@ -214,6 +221,33 @@ def _prepare_run_dir(cfg: EvalConfig, model_dir: Path) -> Path:
             )
     atomic_write_json(config_path, key)
     return run_dir
+
+
+DEFAULT_MAX_NEW_TOKENS = 1024
+"""max_new_tokens=0 for a model that is not an exported realm policy."""
+
+
+def as_trained(cfg: EvalConfig, model_dir: Path) -> tuple[EvalConfig, str]:
+    """An exported realm policy (its ``prompt.yaml`` and ``realm_export.json``) is evaluated as it was
+    trained unless asked otherwise: ``prompt=trained`` and its rollouts' ``max_new_tokens``. Returns the
+    config with both set, and the words for the first line (which prompt and budget, and why).
+
+    Worked example: a policy trained with 48 new tokens, evaluated with no prompt= or max_new_tokens= ->
+    prompt "trained", max_new_tokens 48, "prompt trained (the policy's own), max_new_tokens 48 (its rollouts')".
+    """
+    from trainer.export import EXPORT_INFO, PROMPT_FILE
+
+    exported = (model_dir / PROMPT_FILE).exists() and (model_dir / EXPORT_INFO).exists()
+    prompt = cfg.prompt or ("trained" if exported else "")  # "": data.prompt, as before this default existed
+    prompt_why = "prompt=" if cfg.prompt else "the policy's own" if exported else "the dataset's"
+    budget, budget_why = cfg.max_new_tokens, "max_new_tokens="
+    if not budget and exported:
+        info = json.loads((model_dir / EXPORT_INFO).read_text(encoding="utf-8"))
+        budget, budget_why = int(info["heldout"]["max_new_tokens"]), "its rollouts'"
+    elif not budget:
+        budget, budget_why = DEFAULT_MAX_NEW_TOKENS, "the default"
+    cfg = dataclasses.replace(cfg, prompt=prompt, max_new_tokens=budget)
+    return cfg, f"prompt {prompt or cfg.data.prompt} ({prompt_why}), max_new_tokens {budget} ({budget_why})"
 
 
 def _problems_and_template(cfg: EvalConfig, model_dir: Path):
@@ -302,11 +336,13 @@ def run_eval(cfg: EvalConfig) -> Path:
     from transformers import AutoTokenizer
 
     from eval.evaluate import ResumeError, evaluate
+    from eval.metrics import format_ci
     from eval.report import SAMPLES_FILE, write_report
     from models.registry import max_context
 
     t_start = time.monotonic()
     cfg, model_dir, tokenizer_dir = _model_and_tokenizer(cfg)
+    cfg, prompt_and_budget = as_trained(cfg, model_dir)
     problems, template = _problems_and_template(cfg, model_dir)
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     max_model_len = min(cfg.max_model_len, max_context(model_dir) or cfg.max_model_len)
@@ -314,7 +350,8 @@ def run_eval(cfg: EvalConfig) -> Path:
 
     run_dir = _prepare_run_dir(cfg, model_dir)
     _log(
-        f"[eval] {cfg.model.name} on {cfg.data.name}: {len(problems)} problems x {cfg.num_samples} samples -> {run_dir}"
+        f"[eval] {cfg.model.name} on {cfg.data.name}: {len(problems)} problems x {cfg.num_samples} samples, "
+        f"{prompt_and_budget} -> {run_dir}"
     )
 
     engine = _LazyEngine(
@@ -351,11 +388,7 @@ def run_eval(cfg: EvalConfig) -> Path:
         cfg, model_dir, max_model_len, prompt_example, wall_seconds, engine.info, run_dir
     )
     write_report(run_dir, result.summary, result.records)
-    acc = result.summary["accuracy"]
-    _log(
-        f"[eval] accuracy {100 * acc['mean']:.1f}% [{100 * acc['ci_low']:.1f}, {100 * acc['ci_high']:.1f}] "
-        f"on {result.summary['num_problems']} problems"
-    )
+    _log(f"[eval] accuracy % {format_ci(result.summary['accuracy'])} on {result.summary['num_problems']} problems")
     return run_dir
 
 
@@ -451,10 +484,8 @@ def _log(line: str) -> None:
 
 
 def to_eval_config(cfg: DictConfig) -> EvalConfig:
-    try:
-        return to_typed_config(cfg, EvalConfig, "eval/__main__.py")
-    except ConfigError as e:
-        raise EvalError(f"config error: {e}") from None
+    """The typed config; ConfigError (a ValueError) names the key."""
+    return to_typed_config(cfg, EvalConfig, "eval/__main__.py")
 
 
 def model_path_overrides(argv: list[str]) -> list[str]:
@@ -497,15 +528,23 @@ def _checkpoint_dtype(path: Path) -> str | None:
 register_configs()
 
 
-@hydra.main(config_path="../configs/eval", config_name="eval", version_base="1.3")
+# An absolute config path: found the same way under `python -m eval` and the installed realm-eval.
+@hydra.main(config_path=str(REPO_ROOT / "configs" / "eval"), config_name="eval", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     try:
         run_dir = run_eval(to_eval_config(cfg))
-    except EvalError as e:
-        raise SystemExit(f"error: {e}") from None
+    except (EvalError, ConfigError) as e:
+        fail(str(e))
     print(run_dir)
 
 
-if __name__ == "__main__":
-    sys.argv[1:] = model_path_overrides(sys.argv[1:])
+def cli() -> None:
+    """``python -m eval`` and the ``realm-eval`` command: the command line checked against the schema
+    (one ``error:`` line for bad input, exit status 1), then the evaluation."""
+    argv = model_path_overrides(sys.argv[1:])
+    sys.argv[1:] = check_overrides(REPO_ROOT / "configs" / "eval", "eval", argv, check=to_eval_config)
     main()
+
+
+if __name__ == "__main__":
+    cli()

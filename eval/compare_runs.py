@@ -9,12 +9,12 @@ parent directory can be passed as is.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from common.cli import ArgumentParser, fail
 from common.files import atomic_save_figure, atomic_write_text
 from eval.metrics import format_ci
 from eval.report import SUMMARY_FILE, load_summary
@@ -28,9 +28,9 @@ def find_runs(paths: list[str]) -> list[Path]:
         elif p.is_dir() and (children := sorted(c.parent for c in p.glob(f"*/{SUMMARY_FILE}"))):
             runs.extend(children)
         else:
-            raise FileNotFoundError(f"{p}: no {SUMMARY_FILE} here or one level down (not an evaluation run directory)")
+            raise ValueError(f"{p}: no {SUMMARY_FILE} here or one level down (not an evaluation run directory)")
     if not runs:
-        raise FileNotFoundError("no run directories given")
+        raise ValueError("no run directories given")
     return runs
 
 
@@ -152,16 +152,15 @@ def compare(run_dirs: list[str], out_dir: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m eval.compare_runs", description=__doc__.split("\n\n")[0])
+    parser = ArgumentParser(prog="python -m eval.compare_runs", description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", help="evaluation run directories (or their parent directories)")
     parser.add_argument("--out", default="", help="output directory (default: outputs/eval/compare-<time>)")
     args = parser.parse_args(argv)
     out = Path(args.out) if args.out else Path("outputs") / "eval" / f"compare-{time.strftime('%Y-%m-%d_%H-%M-%S')}"
     try:
-        out = compare(args.runs, out)
-    except (FileNotFoundError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        out = compare(args.runs, out)  # reads every summary before it writes anything
+    except ValueError as e:
+        fail(str(e))
     print(out)
     return 0
 

@@ -168,12 +168,23 @@ def write_report(run_dir: Path, summary: dict[str, Any], records: list[dict[str,
 
 
 def load_summary(run_dir: Path) -> dict[str, Any]:
+    """An evaluation run's summary.json; ValueError naming the file when there is none, or when it is
+    another kind of summary (a training run writes a summary.json too)."""
     path = Path(run_dir) / SUMMARY_FILE
     if not path.exists():
-        raise FileNotFoundError(
-            f"{run_dir}: no {SUMMARY_FILE} (not an evaluation run directory, or the run did not finish)"
+        raise ValueError(f"{run_dir}: no {SUMMARY_FILE} (not an evaluation run directory, or the run did not finish)")
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise ValueError(f"{path}: not JSON ({e})") from None
+    if not isinstance(summary, dict) or not {"accuracy", "num_problems", "length"} <= set(summary):
+        hint = (
+            " (a training run: evaluate its policy with python -m eval model=RUN_DIR)"
+            if "heldout_after" in summary
+            else ""
         )
-    return json.loads(path.read_text(encoding="utf-8"))
+        raise ValueError(f"{path}: not an evaluation summary (no accuracy, num_problems, length){hint}")
+    return summary
 
 
 # ---- The reward paper's table (scripts/reproduce_reward_paper.sh) -------------------------------------
@@ -267,16 +278,20 @@ def reward_paper_table(sweep_dir: Path, size: str, seed: int, benchmarks: list[s
 
 
 def _main(argv: list[str] | None = None) -> int:
-    import argparse
+    from common.cli import ArgumentParser, fail
 
-    parser = argparse.ArgumentParser(prog="python -m eval.report")
+    parser = ArgumentParser(prog="python -m eval.report")
     sub = parser.add_subparsers(dest="command", required=True)
     table = sub.add_parser("reward-paper-table", help="the reward paper's table of a reproduce_reward_paper.sh sweep")
     table.add_argument("sweep_dir", type=Path)
-    table.add_argument("--size", required=True, help="1.5b, 7b or tiny (which paper numbers to set beside)")
+    table.add_argument(
+        "--size", required=True, choices=["1.5b", "7b", "tiny"], help="which paper numbers to set beside"
+    )
     table.add_argument("--seed", type=int, default=0)
     table.add_argument("--benchmarks", nargs="+", default=["math500", "gsm8k"])
     args = parser.parse_args(argv)
+    if not args.sweep_dir.is_dir():
+        fail(f"{args.sweep_dir}: no such directory (the OUT of scripts/reproduce_reward_paper.sh)")
     text = reward_paper_table(args.sweep_dir, args.size, args.seed, args.benchmarks)
     atomic_write_text(args.sweep_dir / "table.md", text)
     print(text, end="")

@@ -56,11 +56,11 @@ Reasons: "equal", "not_equal", "no_answer", "unclosed_box", "truncated", "timeou
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from mathtask.grading.compare import FAST_OPS, NeedSympy, judge
 from mathtask.grading.extract import DATASETS, check_dataset, extract_gold, extract_with_reason
@@ -147,24 +147,14 @@ def warm_up(num_workers: int | None = None) -> None:
     dispatcher().warm_up(num_workers or DEFAULT_MAX_WORKERS)
 
 
-def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m mathtask.grade",
-        description="Grade JSONL lines {response, gold[, dataset]}; writes each line plus correct and extracted.",
-    )
-    parser.add_argument("--input", required=True, help="input .jsonl (use - for stdin)")
-    parser.add_argument("--output", required=True, help="output .jsonl (use - for stdout)")
-    parser.add_argument("--dataset", default="math", choices=DATASETS, help="for lines without a dataset field")
-    parser.add_argument("--timeout", type=float, default=5.0, help="per-item timeout in seconds")
-    parser.add_argument("--num-workers", type=int, default=None, help="worker processes (default: CPU count)")
-    parser.add_argument("--reasons", action="store_true", help="also write the reason field")
-    args = parser.parse_args(argv)
+def _read_rows(name: str, default_dataset: str) -> list[tuple[dict, str]]:
+    """(row, dataset) for every line of the input (``-``: stdin); a bad line is one ``error:`` naming it."""
+    from common.cli import fail
 
     try:
-        source = sys.stdin if args.input == "-" else open(args.input, encoding="utf-8")
+        source = sys.stdin if name == "-" else open(name, encoding="utf-8")
     except OSError as e:
-        print(f"--input {args.input}: cannot read: {e.strerror}", file=sys.stderr)
-        return 2
+        fail(f"--input {name}: cannot read: {e.strerror}")
     rows = []
     with source:
         for num_line, line in enumerate(source, start=1):
@@ -173,16 +163,34 @@ def _main(argv: Sequence[str] | None = None) -> int:
             try:
                 row = json.loads(line)
             except ValueError as e:
-                print(f"{args.input}:{num_line}: not JSON: {e}", file=sys.stderr)
-                return 2
+                fail(f"{name}:{num_line}: not JSON: {e}")
             if not isinstance(row, dict) or "response" not in row or "gold" not in row:
-                print(f"{args.input}:{num_line}: needs an object with 'response' and 'gold'", file=sys.stderr)
-                return 2
-            dataset = row.get("dataset") or args.dataset
+                fail(f"{name}:{num_line}: needs an object with 'response' and 'gold'")
+            dataset = row.get("dataset") or default_dataset
             if dataset not in DATASETS:
-                print(f"{args.input}:{num_line}: unknown dataset {dataset!r}", file=sys.stderr)
-                return 2
+                fail(f"{name}:{num_line}: unknown dataset {dataset!r} (one of {', '.join(DATASETS)})")
             rows.append((row, dataset))
+    return rows
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    from common.cli import ArgumentParser, fail, positive
+
+    parser = ArgumentParser(
+        prog="python -m mathtask.grade",
+        description="Grade JSONL lines {response, gold[, dataset]}; writes each line plus correct and extracted.",
+    )
+    parser.add_argument("--input", required=True, help="input .jsonl (use - for stdin)")
+    parser.add_argument("--output", required=True, help="output .jsonl (use - for stdout)")
+    parser.add_argument("--dataset", default="math", choices=DATASETS, help="for lines without a dataset field")
+    parser.add_argument("--timeout", type=positive(float), default=5.0, help="per-item timeout in seconds")
+    parser.add_argument("--num-workers", type=positive(int), default=None, help="worker processes (default: CPU count)")
+    parser.add_argument("--reasons", action="store_true", help="also write the reason field")
+    args = parser.parse_args(argv)
+
+    rows = _read_rows(args.input, args.dataset)
+    if args.output != "-" and not Path(args.output).resolve().parent.is_dir():
+        fail(f"--output {args.output}: no such directory")
 
     results = grade_many(
         [r["response"] for r, _ in rows],  # both keys checked present above
@@ -191,19 +199,20 @@ def _main(argv: Sequence[str] | None = None) -> int:
         timeout_s=args.timeout,
         num_workers=args.num_workers,
     )
-    try:
-        sink = sys.stdout if args.output == "-" else open(args.output, "w", encoding="utf-8")
-    except OSError as e:
-        print(f"--output {args.output}: cannot write: {e.strerror}", file=sys.stderr)
-        return 2
-    with sink:
-        for (row, _), result in zip(rows, results):
-            out = dict(row)
-            out["correct"] = result.correct
-            out["extracted"] = result.extracted
-            if args.reasons:
-                out["reason"] = result.reason
-            sink.write(json.dumps(out, ensure_ascii=False) + "\n")
+    lines = []
+    for (row, _), result in zip(rows, results):
+        out = dict(row)
+        out["correct"] = result.correct
+        out["extracted"] = result.extracted
+        if args.reasons:
+            out["reason"] = result.reason
+        lines.append(json.dumps(out, ensure_ascii=False) + "\n")
+    if args.output == "-":
+        sys.stdout.writelines(lines)
+    else:
+        from common.files import atomic_write_text
+
+        atomic_write_text(Path(args.output), "".join(lines))
     num_correct = sum(r.correct for r in results)
     print(f"graded {len(results)}: {num_correct} correct", file=sys.stderr)
     return 0

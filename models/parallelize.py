@@ -19,6 +19,7 @@ holds when both head counts shrink by the same factor (no kv replication in trai
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -107,6 +108,11 @@ def apply_fsdp(
     """
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
+    # FSDP2 warns, every forward, when a wrapped model returns a view (the critic's and a value-head reward
+    # model's one-column scores are): only an in-place op on that output would skip its pre-backward
+    # hook, and none is made; sharded training takes one process's step
+    # (tests/runtime/test_shards.py::test_two_gloo_ranks_match_one_unsharded_process).
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor", category=UserWarning)
     kwargs: dict[str, Any] = {
         "mesh": dp_mesh,
         "reshard_after_forward": reshard_after_forward,

@@ -19,7 +19,7 @@ import os
 from pathlib import Path
 
 from common.config import to_plain
-from common.files import atomic_build_dir
+from common.files import atomic_build_dir, is_complete
 from models.config import ModelConfig, ModelSource
 
 
@@ -51,13 +51,43 @@ def resolve_model_dir(cfg: ModelConfig) -> Path:
             target, lambda d: convert_gguf(find_packaged_file(cfg.path, cfg.hub_hint), d, cfg.dtype)
         )
     path = Path(cfg.path).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").exists():
-            raise ModelNotAvailable(f"model {cfg.name!r}: {path} has no config.json (not an HF model directory)")
-        return path
-    if path.exists() or cfg.path.startswith((".", "/", "~")):
-        raise ModelNotAvailable(f"model {cfg.name!r}: {cfg.path} is not a model directory")
+    if path.is_dir() or path.exists() or cfg.path.startswith((".", "/", "~")):
+        return _local_model_dir(cfg, path)
     return _from_hub(cfg)
+
+
+def locate_model(cfg: ModelConfig) -> str:
+    """Where ``resolve_model_dir`` will find ``cfg``, said without building or downloading anything (the
+    dry run's check); raises ModelNotAvailable when a run would fail to find it.
+
+    Worked example: the tiny model -> "built locally from its config (cached)" or "... (on first use)".
+    """
+    if cfg.source == ModelSource.tiny:
+        target = cache_root() / "models" / f"tiny-{cfg.name}-{_config_key(cfg)}"
+        return f"built locally from its config ({'cached' if is_complete(target) else 'on first use'})"
+    if cfg.source == ModelSource.gguf:
+        target = cache_root() / "models" / f"gguf-{cfg.name}-{_config_key(cfg)}"
+        gguf = find_packaged_file(cfg.path, cfg.hub_hint)
+        return f"dequantized from {gguf} ({'cached' if is_complete(target) else 'on first use'})"
+    path = Path(cfg.path).expanduser()
+    if path.is_dir() or path.exists() or cfg.path.startswith((".", "/", "~")):
+        return str(_local_model_dir(cfg, path))
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(cfg.path, "config.json"), str):
+        return f"hub id {cfg.path}, in the local hub cache"
+    if os.environ.get("HF_HUB_OFFLINE") == "1":
+        _from_hub(cfg)  # raises: offline and not cached
+    return f"hub id {cfg.path}, not cached here: downloaded at start"
+
+
+def _local_model_dir(cfg: ModelConfig, path: Path) -> Path:
+    """``path`` when it is an HF model directory; ModelNotAvailable naming it otherwise."""
+    if not path.is_dir():
+        raise ModelNotAvailable(f"model {cfg.name!r}: {cfg.path} is not a model directory")
+    if not (path / "config.json").exists():
+        raise ModelNotAvailable(f"model {cfg.name!r}: {path} has no config.json (not an HF model directory)")
+    return path
 
 
 def find_packaged_file(spec: str, hint: str = "") -> Path:

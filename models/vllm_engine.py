@@ -23,6 +23,7 @@ works on machines without vLLM (e.g. to use ``Completion``). The environment def
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -99,6 +100,44 @@ def _reload_weights_on_worker(worker, weights: Iterable[tuple[str, torch.Tensor]
     worker.model_runner.reload_weights(weights_iterator=counted())
     _reprocess_vocab_layers(worker.model_runner.get_model())
     return count
+
+
+class _HarmlessVLLMLines(logging.Filter):
+    """Drops vLLM log lines that are known to be harmless in realm's use, each for the reason below;
+    every other line of the same loggers passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tied_head = False
+        """Whether this process's engine ties its LM head to the embedding (set per engine)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        # The layer-wise reload has nothing to load into the rotary embedding: its cos/sin cache is
+        # computed from the config, and a reload leaves it as it was (test_reload_leaves_...).
+        if message == "RotaryEmbedding: Failed to load weights":
+            return False
+        # A tied head has no weight of its own in the checkpoint: it shares the embedding's, reprocessed
+        # after each reload (_reprocess_vocab_layers); test_reload_leaves_... checks it equals the new one.
+        if message == "ParallelLMHead: Failed to load weights" and self.tied_head:
+            return False
+        # vLLM's CPU worker makes torch.set_num_threads a warning no-op once it binds threads; realm has
+        # set the engine's threads before that (_one_torch_thread_on_cpu), so vLLM's later calls change nothing.
+        # (test_engine_runs_with_the_threads_realm_set)
+        return not message.startswith("CPU backend doesn't allow to use `torch.set_num_threads`")
+
+
+_HARMLESS = _HarmlessVLLMLines()
+_HARMLESS_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.worker.cpu_worker")
+
+
+def _quiet_harmless_vllm_lines(model_dir: Path) -> None:
+    """Attach ``_HARMLESS`` to the vLLM loggers that emit those lines (once per process)."""
+    config = json.loads((model_dir / "config.json").read_text())
+    _HARMLESS.tied_head = bool(config.get("tie_word_embeddings", False))
+    for name in _HARMLESS_LOGGERS:
+        if _HARMLESS not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_HARMLESS)
 
 
 def _reprocess_vocab_layers(model: torch.nn.Module) -> None:
@@ -340,6 +379,7 @@ class VLLMEngine:
         # vLLM-CPU refuses sleep mode: on CPU the flag only drives the engine's memory state.
         sleep_mode = bool(llm_kwargs.pop("enable_sleep_mode", False))
         llm_kwargs.update({"enable_sleep_mode": True} if sleep_mode and on_gpu else {})
+        _quiet_harmless_vllm_lines(model_dir)
         self._torch_threads_before, self._set_num_threads = _one_torch_thread_on_cpu(on_gpu)
         kwargs = llm_arguments(
             model_dir,

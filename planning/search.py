@@ -14,29 +14,34 @@ steady-state iteration is shortest, among plans that fit in GPU memory.
 - ``search_plan`` returns only a plan that fits; when nothing fits it raises ``NoFitError`` with
   the smallest overflow seen.
 
-CLI (``python -m planning.search --help``)::
+CLI (``python -m planning.search --help``), in train.py's words (model names as ``model=``, ``cluster.*``,
+``rollout.*``)::
 
-    python -m planning.search --actor llama-2-7b --critic llama-2-7b --nodes 1 --gpus-per-node 8 \\
-        --batch 512 --prompt-len 128 --gen-len 896 --seconds 30 --out plan.yaml
+    python -m planning.search --actor llama-2-7b --num-nodes 1 --devices-per-node 8 --num-prompts 512 \\
+        --max-prompt-tokens 128 --max-new-tokens 896 --seconds 30 --out plan.yaml
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import random
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
+from common.cli import ArgumentParser, did_you_mean, fail, positive
 from planning.builders import BASELINES, baselines
 from planning.candidates import candidates
+from planning.config import HARDWARE
 from planning.estimator import Hardware, PlanCost, Workload, estimate_plan, evaluator, hardware
 from planning.execution_plan import CallAllocation, ExecutionPlan
-from planning.shapes import named_spec
+from planning.shapes import NAMED_SPECS, named_spec
+from reallocation.layout import ModelSpec
 
 __all__ = ["NoFitError", "SearchReport", "Workload", "estimate_plan", "hardware", "named_spec", "search", "search_plan"]
 
@@ -323,49 +328,86 @@ def summary_line(report: SearchReport) -> str:
     )
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m planning.search", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--actor",
-        required=True,
-        help="named shape (llama-2-7b .. llama-2-70b, "
-        "qwen2.5-math-1.5b, qwen2.5-math-7b) or an HF model dir with config.json",
+# The CLI's words are train.py's (cluster.*, rollout.*); the old ones are named in the error when used.
+RENAMED_OPTIONS = {
+    "--nodes": "--num-nodes",
+    "--gpus-per-node": "--devices-per-node",
+    "--gpu": "--hardware",
+    "--batch": "--num-prompts, times --samples-per-prompt",
+    "--prompt-len": "--max-prompt-tokens",
+    "--gen-len": "--max-new-tokens",
+}
+MODEL_CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "model"
+
+
+def model_shape(name: str) -> ModelSpec:
+    """A model's shape from its name as train.py takes it (``configs/model/NAME.yaml``, its ``shape``), a
+    named shape (``planning.shapes``: the ReaL paper's LLaMA-2 sizes, ...) or an HF directory; ValueError
+    with the names there are."""
+    config = MODEL_CONFIG_DIR / f"{name}.yaml"
+    if config.is_file():
+        import yaml
+
+        shape = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("shape")
+        if shape:
+            return ModelSpec.from_hf_config(SimpleNamespace(**shape))
+    try:
+        return named_spec(name)
+    except ValueError:
+        names = sorted({p.stem for p in MODEL_CONFIG_DIR.glob("*.yaml")} | set(NAMED_SPECS))
+        raise ValueError(
+            f"unknown model {name!r}{did_you_mean(name, names)}: expected one of {', '.join(names)}, "
+            "or an HF model directory with a config.json"
+        ) from None
+
+
+def _parser() -> ArgumentParser:
+    parser = ArgumentParser(
+        prog="python -m planning.search", description=__doc__.split("\n\n")[0], renamed=RENAMED_OPTIONS
     )
-    parser.add_argument("--critic", required=True)
-    parser.add_argument("--reward", default=None, help="reward model shape; omit for a rule-based reward")
-    parser.add_argument("--nodes", type=int, required=True)
-    parser.add_argument("--gpus-per-node", type=int, required=True)
-    parser.add_argument("--gpu", default="a100-80g", choices=["a100-80g", "h100", "h200", "cpu"])
-    parser.add_argument("--batch", type=int, required=True)
-    parser.add_argument("--prompt-len", type=int, required=True)
-    parser.add_argument("--gen-len", type=int, required=True)
-    parser.add_argument("--seconds", type=float, default=60.0, help="search time budget")
+    models = "a configs/model/ name (as train.py's model=), a named shape (llama-2-7b .. -70b) or an HF model dir"
+    parser.add_argument("--actor", required=True, help=models)
+    parser.add_argument("--critic", default=None, help="the critic's model (default: the actor's, critic.from_policy)")
+    parser.add_argument("--reward", default=None, help="the reward model; omit for the success reward")
+    parser.add_argument("--num-nodes", type=positive(int), required=True, help="cluster.num_nodes")
+    parser.add_argument("--devices-per-node", type=positive(int), required=True, help="cluster.devices_per_node")
+    parser.add_argument("--hardware", default="a100-80g", choices=list(HARDWARE), help="cluster.hardware")
+    parser.add_argument("--num-prompts", type=positive(int), required=True, help="rollout.num_prompts")
+    parser.add_argument(
+        "--samples-per-prompt", type=positive(int), default=1, help="rollout.num_samples_per_prompt (default 1)"
+    )
+    parser.add_argument("--max-prompt-tokens", type=positive(int), required=True, help="rollout.max_prompt_tokens")
+    parser.add_argument("--max-new-tokens", type=positive(int), required=True, help="rollout.max_new_tokens")
+    parser.add_argument("--seconds", type=positive(float), default=60.0, help="search time budget (wall clock)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--profile", default=None, help="PROFILE.json from python -m planning.profile")
     parser.add_argument("--out", default=None, help="write the plan here (YAML)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m planning.search``: the plan report and the summary line; bad input or no fitting plan
+    is one ``error:`` line and exit status 1."""
+    args = _parser().parse_args(argv)
     try:
+        actor = model_shape(args.actor)
         w = Workload(
-            named_spec(args.actor),
-            named_spec(args.critic),
-            named_spec(args.reward) if args.reward else None,
-            args.batch,
-            args.prompt_len,
-            args.gen_len,
+            actor,
+            model_shape(args.critic) if args.critic else actor,
+            model_shape(args.reward) if args.reward else None,
+            args.num_prompts * args.samples_per_prompt,
+            args.max_prompt_tokens,
+            args.max_new_tokens,
         )
         profile = None
         if args.profile:
             from planning.profile import Profile
 
             profile = Profile.load(args.profile)
-        hw = hardware(args.gpu, args.nodes, args.gpus_per_node, profile)
+        hw = hardware(args.hardware, args.num_nodes, args.devices_per_node, profile)
         report = search(w, hw, seconds_budget=args.seconds, seed=args.seed, progress=sys.stderr.isatty())
-    except NoFitError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (NoFitError, ValueError, OSError) as e:
+        fail(str(e))
     print(format_report(report, hw))
     if args.out:
         report.plan.save(args.out)

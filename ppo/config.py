@@ -34,7 +34,7 @@ class PPOConfig:
     value_clip: ValueClip = ValueClip.none
     """No value clipping by default: the critic head starts at 0 and the returns' scale differs by reward
     (about 0.2 for success only, 1-5 for raw PRM), so a fixed clip range holds back the large-return
-    critics (README, "Reward hacking in miniature": explained variance per option)."""
+    critics (docs/rewards.md, "The critic's value loss"; docs/mini_repro.md: explained variance per option)."""
     value_clip_eps: float = 0.2
     """The value-clip range when value_clip is raw or return_std (ppo.losses.value_clip_range)."""
     gamma: float = 1.0

@@ -9,7 +9,6 @@ temperature=0.7``); the curves, table and plot are written into it (see ``eval.b
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from collections.abc import Sequence
@@ -42,7 +41,9 @@ def reward_model_scorer(path: str, kind: str, step_delimiter: str = "") -> Score
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    from common.cli import ArgumentParser, fail
+
+    parser = ArgumentParser(
         prog="python -m rewards.best_of_n", description="Rerank sampled responses with a reward model."
     )
     parser.add_argument("run_dir", help="an evaluation run directory with n > 1 samples per problem")
@@ -62,9 +63,8 @@ def main(argv: list[str] | None = None) -> int:
             aggregate([1.0], a)  # validate names before the (slow) scoring
         scorer = reward_model_scorer(args.rm, args.kind, args.step_delimiter)
         result = run_best_of_n(run_dir, scorer, args.kind, aggregations, args.rm)
-    except (ValueError, FileNotFoundError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (ValueError, OSError) as e:
+        fail(str(e))
     print(json.dumps(result["curves"]), file=sys.stderr)
     print(run_dir)
     return 0

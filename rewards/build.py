@@ -303,6 +303,27 @@ def resolve_reward_model(path: str) -> Path:
         raise RewardModelError(f"reward.model.path={path}: {e}") from None
 
 
+def locate_reward_model(path: str) -> str:
+    """Where ``resolve_reward_model`` will find ``path``, said without training or downloading anything
+    (the dry run's check); RewardModelError when a run would not find it."""
+    if path in BUILTIN_REWARD_MODELS:
+        from common.files import is_complete
+        from rewards.rm_config import builtin_config, default_output_dir
+
+        target = default_output_dir(builtin_config(path))
+        return f"{target} (cached)" if is_complete(target) else f"trained into {target} before the run starts"
+    local = Path(path).expanduser()
+    if local.is_dir() or local.exists() or path.startswith((".", "/", "~")):
+        return str(resolve_reward_model(path))
+    from models.config import ModelConfig, ModelSource
+    from models.registry import ModelNotAvailable, locate_model
+
+    try:
+        return locate_model(ModelConfig(name="reward-model", source=ModelSource.hf, path=path))
+    except ModelNotAvailable as e:
+        raise RewardModelError(f"reward.model.path={path}: {e}") from None
+
+
 def build_reward_fn(
     cfg: RewardConfig,
     policy_tokenizer,

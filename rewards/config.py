@@ -1,6 +1,6 @@
 """Typed reward config: the `reward/` config group composes onto this schema.
 
-The reward of one response (Gao et al. 2024, section 1; README "Rewards"), before the trainer adds
+The reward of one response (Gao et al. 2024, section 1; docs/rewards.md), before the trainer adds
 the per-token KL term:
 
 - success:  Correct(q, s) in {0, 1} on the final token (the shared grader, mathtask.grade);

@@ -20,8 +20,8 @@ trained when missing by this command or by the training driver before it starts 
 reward function is built) into ``models.registry.cache_root()/reward_models/``, atomically, keyed
 by a hash of the config.
 
-The built-ins' held-out accuracies and AUCs (``scripts/train_reward_models.sh``) are in the README,
-"Rewards"; each run also writes them to ``realm_rm.json`` and prints them.
+Each run writes its held-out accuracies and AUCs to ``realm_rm.json`` and prints them; the built-in PRM's
+on one machine are in docs/rewards.md (``scripts/train_reward_models.sh`` trains both built-ins).
 """
 
 from __future__ import annotations
@@ -78,9 +78,9 @@ def _train(cfg: RMTrainConfig, output_dir: Path) -> dict[str, Any]:
 
     name = f"{cfg.kind.value} ({cfg.resolved_readout.value}, data={cfg.data})"
     started = time.time()
+    train_examples, heldout_examples = load_data(cfg)  # first: a bad data file fails before any model is built
     backbone_dir = resolve_model_dir(cfg.backbone)
     tokenizer = AutoTokenizer.from_pretrained(backbone_dir)
-    train_examples, heldout_examples = load_data(cfg)
     train, heldout = encode(cfg, tokenizer, train_examples), encode(cfg, tokenizer, heldout_examples)
     _log(
         f"{name}: {len(train)} train / {len(heldout)} held-out responses from {cfg.backbone.name} "
@@ -189,28 +189,38 @@ def _register() -> None:
 
 
 def main() -> None:
+    """``python -m rewards.train_rm``: the command line checked against the schema (one ``error:`` line for
+    bad input, exit status 1), then the data read before any model is built, then training."""
     import hydra
 
-    from common.config import ConfigError, to_typed_config
+    from common.cli import check_overrides, fail
+    from common.config import to_typed_config
+    from models.registry import ModelNotAvailable
+    from rewards.rm_data import RMDataError
 
     _register()
 
-    @hydra.main(config_path="../configs/rm", config_name="train_rm", version_base="1.3")
+    config_dir = Path(__file__).resolve().parent.parent / "configs" / "rm"
+
+    @hydra.main(config_path=str(config_dir), config_name="train_rm", version_base="1.3")
     def run(dict_cfg) -> None:
-        try:
-            cfg = to_typed_config(dict_cfg, RMTrainConfig, "rewards/train_rm.py")
-        except ConfigError as e:  # bad input, not a bug: one line, as train.py and python -m eval print it
-            raise SystemExit(f"config error: {e}") from None
+        cfg = to_typed_config(dict_cfg, RMTrainConfig, "rewards/rm_config.py")  # checked before Hydra started
         out = Path(cfg.output_dir) if cfg.output_dir else default_output_dir(cfg)
-        if cfg.output_dir:
-            info = train_reward_model(cfg, out)
-        else:  # the cache entry builtin:synthetic-<kind> resolves to: write it atomically
-            if is_complete(out):
-                _log(f"already trained: {out} (delete it to retrain)")
-            atomic_build_dir(out, lambda tmp: train_reward_model(cfg, tmp))
-            info = json.loads((out / RM_INFO_FILE).read_text())
+        try:
+            if cfg.output_dir:
+                info = train_reward_model(cfg, out)
+            else:  # the cache entry builtin:synthetic-<kind> resolves to: write it atomically
+                if is_complete(out):
+                    _log(f"already trained: {out} (delete it to retrain)")
+                atomic_build_dir(out, lambda tmp: train_reward_model(cfg, tmp))
+                info = json.loads((out / RM_INFO_FILE).read_text())
+        except (RMDataError, ModelNotAvailable) as e:
+            fail(str(e))
         print(json.dumps({"output_dir": str(out), **info["metrics"]}, indent=2))
 
+    sys.argv[1:] = check_overrides(
+        config_dir, "train_rm", sys.argv[1:], check=lambda c: to_typed_config(c, RMTrainConfig, "rewards/rm_config.py")
+    )
     run()
 
 

@@ -188,4 +188,5 @@ def test_train_py_rejects_an_added_unknown_key_before_training(monkeypatch, caps
     )
     with pytest.raises(SystemExit) as info:
         runpy.run_path(str(CONFIGS.parent / "train.py"), run_name="__main__")
-    assert "reward.no_such_field" in str(info.value)
+    err = capsys.readouterr().err
+    assert info.value.code == 1 and err.startswith("error: unknown config key reward.no_such_field"), err

@@ -15,7 +15,7 @@ from hydra import compose, initialize_config_dir
 from planning.estimator import estimate_plan, hardware
 from trainer.compose import to_train_config
 from trainer.config import TrainConfig, register_configs
-from trainer.plan_select import dry_run_report, model_specs, resolve_plan, workload
+from trainer.plan_select import model_specs, plan_report, resolve_plan, workload
 
 ROOT = Path(__file__).resolve().parents[1]
 LAST_LINE = re.compile(r"plan: (\d+) devices, predicted (\d+\.\d\d) s/iteration, peak (\d+\.\d) GiB/device")
@@ -29,9 +29,10 @@ def _cfg(*overrides: str) -> TrainConfig:
 
 @pytest.mark.parametrize("cluster", ["gpu_1x8", "gpu_2x8"])
 @pytest.mark.parametrize("model", ["qwen2.5-math-1.5b-instruct", "qwen2.5-math-7b-instruct"])
-def test_dry_run_prints_each_call_and_the_cost_models_totals(cluster, model, tmp_path):
+def test_dry_run_prints_each_call_and_the_cost_models_totals(cluster, model):
     cfg = _cfg(f"cluster={cluster}", f"model={model}")
-    lines = dry_run_report(cfg, tmp_path)
+    report = plan_report(cfg)
+    lines = [*report.lines, report.summary]
     num_devices, seconds, peak = LAST_LINE.fullmatch(lines[-1]).groups()
     assert 1 <= int(num_devices) <= cfg.cluster.num_devices
     specs = model_specs(cfg)
@@ -45,11 +46,11 @@ def test_dry_run_prints_each_call_and_the_cost_models_totals(cluster, model, tmp
     for call in ("actor_gen", "ref_inf", "critic_inf", "actor_train", "critic_train"):
         (line,) = [x for x in lines if x.split()[0] == call]
         assert re.search(r"devices \S+ +pp\d+ dp\d+ tp\d+ mb\d+.* \d+\.\d\d s +\d+\.\d GiB/device", line), line
-    assert (tmp_path / "plan.yaml").exists()
+    assert report.problem is None
 
 
 @pytest.mark.parametrize("cluster", ["gpu_1x8", "gpu_2x8"])
-def test_the_heuristic_fits_the_reward_papers_7b_batch(cluster, tmp_path):
+def test_the_heuristic_fits_the_reward_papers_7b_batch(cluster):
     # 4096 prompts x 8 samples x (1024 + 1024) tokens: 67M tokens per iteration on Qwen2.5-Math-7B.
     cfg = _cfg(
         f"cluster={cluster}",
@@ -58,16 +59,18 @@ def test_the_heuristic_fits_the_reward_papers_7b_batch(cluster, tmp_path):
         "rollout.max_prompt_tokens=1024",
         "rollout.max_new_tokens=1024",
     )
-    peak = float(LAST_LINE.fullmatch(dry_run_report(cfg, tmp_path)[-1]).group(3))
+    peak = float(LAST_LINE.fullmatch(plan_report(cfg).summary).group(3))
     assert peak <= 80  # an H100's memory
 
 
-def _train_without_ray(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
-    """train.py with `import ray` made to fail: a dry run must never reach it."""
+def _train_without_ray(tmp_path: Path, *overrides: str, offline: str = "0") -> subprocess.CompletedProcess:
+    """train.py with `import ray` made to fail: a dry run must never reach it. ``offline`` is HF_HUB_OFFLINE:
+    "0" lets a hub id that is not cached pass the model check as "downloaded at start" (nothing is fetched
+    by the dry run itself, and the tests' network namespace has no route out anyway)."""
     blocker = tmp_path / "blocked"
-    (blocker / "ray").mkdir(parents=True)
+    (blocker / "ray").mkdir(parents=True, exist_ok=True)
     (blocker / "ray" / "__init__.py").write_text("raise ImportError('the dry run imported ray')\n")
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(blocker), str(ROOT)]))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(blocker), str(ROOT)]), HF_HUB_OFFLINE=offline)
     return subprocess.run(
         [sys.executable, "train.py", "run.dry_run=true", f"hydra.run.dir={tmp_path / 'run'}", *overrides],
         cwd=ROOT,
@@ -103,7 +106,9 @@ def test_train_py_dry_run_with_a_bad_plan_file_names_call_and_field(tmp_path):
     )
     proc = _train_without_ray(tmp_path, "cluster=gpu_1x8", "model=qwen2.5-math-1.5b-instruct", f"cluster.plan={plan}")
     assert proc.returncode == 1
-    assert f"plan error: {plan}: calls.actor_gen.tp=8 does not divide num_attention_heads=12" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: plan: {plan}: calls.actor_gen.tp=8 does not divide num_attention_heads=12"
+    )
 
 
 def test_train_py_dry_run_says_when_search_finds_no_fitting_plan(tmp_path):
@@ -117,5 +122,40 @@ def test_train_py_dry_run_says_when_search_finds_no_fitting_plan(tmp_path):
         "model=qwen2.5-math-7b-instruct",
     )
     assert proc.returncode == 1
-    assert "plan error: cluster.plan=search: no allocation of" in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: plan: cluster.plan=search: no allocation of")
+    assert "Traceback" not in proc.stderr
+
+
+def test_dry_run_fails_on_a_plan_that_does_not_fit_with_the_reason_last(tmp_path):
+    # Qwen2.5-Math-7B on one H100 under the heuristic plan: 7.6e9 parameters x 18 B of training state
+    # alone is 127 GiB, more than the GPU's 80 GiB.
+    proc = _train_without_ray(
+        tmp_path, "cluster=gpu_1x8", "cluster.devices_per_node=1", "model=qwen2.5-math-7b-instruct"
+    )
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"error: the plan does not fit: its fullest device needs \d+\.\d GiB more than a h100 has.*", last
+    )
+    assert LAST_LINE.fullmatch(proc.stdout.strip().splitlines()[-1])  # the plan is still printed, above
+
+
+def test_dry_run_reads_every_data_record_and_names_the_bad_line(tmp_path):
+    data = tmp_path / "problems.jsonl"
+    data.write_text('{"question": "1 + 1?", "answer": "2"}\n{"question": "2 + 2?", "answer": "4"}\n{broken\n')
+    proc = _train_without_ray(tmp_path, f"data.name={data}", f"data.heldout={data}")
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: data: {data}:3: malformed JSON")
+    data.write_text(data.read_text().replace("{broken\n", ""))
+    proc = _train_without_ray(tmp_path, f"data.name={data}", f"data.heldout={data}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "data: 2 training prompts" in proc.stdout and "2 held-out problems" in proc.stdout
+
+
+def test_dry_run_fails_when_the_model_is_not_here_offline(tmp_path):
+    # HF_HUB_OFFLINE=1 and no copy in the hub cache: the run would stop at start, and so does its dry run.
+    proc = _train_without_ray(tmp_path, "cluster=gpu_1x8", "model=qwen2.5-math-1.5b-instruct", offline="1")
+    assert proc.returncode == 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: model: model 'qwen2.5-math-1.5b-instruct'") and "not available offline" in last
     assert "Traceback" not in proc.stderr

@@ -87,7 +87,7 @@ def _untimed(rows: list[dict]) -> list[dict]:
 
 @pytest.mark.slow
 def test_two_runs_with_one_seed_give_the_same_metrics(tmp_path):
-    """What the README's determinism statement rests on: on one machine, the same command twice (PRM
+    """What docs/default_run.md's determinism statement rests on: on one machine, the same command twice (PRM
     reward, so the reward model's scores are in it too) writes the same numbers, timings aside."""
     runs = []
     for name in ("a", "b"):
@@ -133,6 +133,6 @@ def test_bad_input_fails_at_start_with_a_clear_message(tmp_path):
     proc = _train([f"data.name={empty}", f"hydra.run.dir={tmp_path / 'run'}"], timeout=300)
     assert proc.returncode != 0 and "empty.jsonl: file has no records" in proc.stderr
     proc = _train(["+reward=prm_clip", "reward.eta=1.5", f"hydra.run.dir={tmp_path / 'run2'}"], timeout=300)
-    assert proc.returncode != 0 and "config error: reward.eta=1.5: must lie in [0, 1]" in proc.stderr
+    assert proc.returncode != 0 and "error: reward.eta=1.5: must lie in [0, 1]" in proc.stderr
     proc = _train(["rollout.max_new_tokens=100000", f"hydra.run.dir={tmp_path / 'run3'}"], timeout=300)
     assert proc.returncode != 0 and "max_position_embeddings" in proc.stderr

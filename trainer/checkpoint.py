@@ -24,9 +24,10 @@ def checkpoint_name(iteration: int) -> str:
 
 
 def save_checkpoint(
-    root: Path, iteration: int, state: dict[str, Any], write_parts: Callable[[Path], None], keep_last: int = 2
+    root: Path, iteration: int, state: dict[str, Any], write_parts: Callable[[Path], None], keep_last: int
 ) -> Path:
-    """Write a checkpoint atomically; ``write_parts(tmp_dir)`` writes the model/optimizer parts."""
+    """Write a checkpoint atomically; ``write_parts(tmp_dir)`` writes the model/optimizer parts. Then
+    only the newest ``keep_last`` complete checkpoints stay (``run.keep_checkpoints``)."""
 
     def build(tmp: Path) -> None:
         write_parts(tmp)

@@ -75,6 +75,10 @@ class RunConfig:
     num_heldout_samples: int = 4
     """Sampled (temperature) held-out accuracy with this many samples per problem; 0 = greedy only."""
     checkpoint_every: int = 10
+    """A checkpoint every N iterations, and after the last (0: only after the last)."""
+    keep_checkpoints: int = 2
+    """How many of the newest complete checkpoints stay in <run dir>/checkpoints; older ones are deleted
+    as new ones are written (each holds the policy and critic with their optimizer state)."""
     resume: bool = True
     """Resume from the last complete checkpoint in the run directory if there is one."""
     num_logged_samples: int = 4
@@ -93,6 +97,10 @@ class RunConfig:
     def __post_init__(self) -> None:
         if self.num_iterations < 1:
             raise ValueError(f"run.num_iterations={self.num_iterations}: must be >= 1")
+        if self.keep_checkpoints < 1:
+            raise ValueError(
+                f"run.keep_checkpoints={self.keep_checkpoints}: must be >= 1 (the newest is what a relaunch resumes)"
+            )
         for name in (
             "eval_every",
             "num_heldout_samples",

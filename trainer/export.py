@@ -21,7 +21,6 @@ the policy on the problems, with the prompt, of the trainer's own held-out evalu
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -92,24 +91,27 @@ def find_checkpoint(path: str | Path, iteration: int | None = None) -> Checkpoin
     )
 
 
-def load_run_config(run_dir: Path):
-    """The run's TrainConfig, from the ``.hydra/config.yaml`` that train.py wrote."""
+def load_run_config(ref: CheckpointRef):
+    """The TrainConfig the checkpoint was trained with: the copy it holds (``trainer_state.json``), or for a
+    checkpoint written before checkpoints held one, the run's ``.hydra/config.yaml`` that train.py wrote."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
+    from trainer.checkpoint import load_state
     from trainer.config import TrainConfig
 
-    path = run_dir / ".hydra" / "config.yaml"
+    state = load_state(ref.checkpoint)
+    path = ref.checkpoint / "trainer_state.json" if "config" in state else ref.run_dir / ".hydra" / "config.yaml"
     if not path.exists():
         raise ExportError(
             f"{path}: missing; the export needs the run's config (written by train.py) "
             "to know the base model and the prompt"
         )
     try:
-        merged = OmegaConf.merge(OmegaConf.structured(TrainConfig), OmegaConf.load(path))
-        return OmegaConf.to_object(merged)
+        saved = OmegaConf.create(state["config"]) if "config" in state else OmegaConf.load(path)
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(TrainConfig), saved))
     except (OmegaConfBaseException, ValueError) as e:
-        raise ExportError(f"{path}: {e}") from None
+        raise ExportError(f"{path}: {' '.join(str(e).split())}") from None
 
 
 def read_policy_weights(dcp_dir: Path) -> dict[str, Any]:
@@ -207,9 +209,13 @@ def export(ref: CheckpointRef, out: Path | None = None, base_dir: Path | None = 
 
     from models.registry import resolve_model_dir
 
-    cfg = load_run_config(ref.run_dir)
+    cfg = load_run_config(ref)
     base_dir = base_dir or resolve_model_dir(cfg.model)
     out = (out or ref.checkpoint / EXPORT_DIR).resolve()
+    if out.exists() and not (out / EXPORT_INFO).exists():  # replaced below: only an earlier export may be
+        raise ExportError(
+            f"{out} exists and is not an export of a realm policy (no {EXPORT_INFO}); choose another --out"
+        )
     log(f"[export] {ref.checkpoint} (iteration {ref.iteration}, base {base_dir}) -> {out}")
     model = build_policy(base_dir, read_policy_weights(ref.checkpoint / "policy" / "dcp"), cfg.model.dtype)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -254,9 +260,11 @@ def exported_dir(path: str | Path, iteration: int | None = None, log=print) -> P
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trainer.export", description=__doc__.split("\n")[0])
+    from common.cli import ArgumentParser, fail, positive
+
+    parser = ArgumentParser(prog="python -m trainer.export", description=__doc__.split("\n")[0])
     parser.add_argument("path", help="a run directory (outputs/...) or one of its checkpoints/iter_NNNNNN")
-    parser.add_argument("--iteration", type=int, default=None, help="which checkpoint (default: the newest)")
+    parser.add_argument("--iteration", type=positive(int), default=None, help="which checkpoint (default: the newest)")
     parser.add_argument("--out", type=Path, default=None, help="output directory (default: <checkpoint>/hf)")
     parser.add_argument(
         "--base",
@@ -275,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             log=lambda m: print(m, file=sys.stderr, flush=True),
         )
     except (ExportError, ModelNotAvailable) as e:
-        raise SystemExit(f"error: {e}") from None
+        fail(str(e))
     print(out)
     return 0
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from common.config import to_plain
 from common.files import atomic_build_dir, atomic_write_text, is_complete
 from mathtask.data import Problem, load_problems
 from models.registry import cache_root, max_context, resolve_model_dir
@@ -643,10 +644,11 @@ def checkpoint(run: Run, it: int) -> None:
         "heldout_before": run.before,
         "seed": cfg.run.seed,
         "reward_calibration": run.reward_calibration,
+        "config": to_plain(cfg),  # what a relaunch is compared with (trainer.run_dir.check_resume)
     }
 
     def write_parts(d: Path) -> None:
         run.runtime.on_role(Role.actor, PolicyShard.save_checkpoint, str(d / "policy"))
         run.runtime.on_role(Role.critic, CriticShard.save_checkpoint, str(d / "critic"))
 
-    save_checkpoint(run.ckpt_root, it + 1, state, write_parts)
+    save_checkpoint(run.ckpt_root, it + 1, state, write_parts, keep_last=cfg.run.keep_checkpoints)

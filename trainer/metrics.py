@@ -6,22 +6,65 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from common.files import atomic_save_figure, atomic_write_text
 from common.progress import progress_line
 
-KEY_CURVES = (
-    ("heldout/success", "held-out success"),
-    ("reward/success", "train success"),
-    ("reward/learned", "learned reward (alpha * ORM/PRM)"),
-    ("response/num_steps", "steps per response"),
-    ("response/length", "response length (tokens)"),
-    ("kl/mean", "KL(pi || pi_ref) per response"),
-    ("actor/entropy", "entropy"),
-    ("critic/loss", "value loss"),
+
+@dataclass(frozen=True)
+class Curve:
+    """One panel of the run and sweep pictures: a metrics.jsonl key, what it is, and its axis's unit."""
+
+    key: str
+    title: str
+    ylabel: str
+    zero_means_none: bool = False
+    """Logged as 0 by a run that has no such quantity (the learned reward of a success-only run)."""
+
+
+CURVES = (
+    Curve("heldout/success", "held-out success (greedy)", "fraction of problems solved"),
+    Curve("heldout/sampled_success", "held-out success (sampled)", "fraction of samples correct"),
+    Curve("reward/success", "training success", "fraction of rollouts correct"),
+    Curve("reward/learned", "learned reward per response", "α · ORM/PRM reward (sum)", zero_means_none=True),
+    Curve("reward/step_score", "PRM step score", "mean score c_k (0 to 1)", zero_means_none=True),
+    Curve("response/num_steps", "steps per response", "steps (batch mean)"),
+    Curve("response/length", "response length", "tokens (batch mean)"),
+    Curve("kl/mean", "KL to the reference policy", "nats per response (sum over tokens)"),
+    Curve("actor/entropy", "policy entropy", "nats per token"),
+    Curve("critic/loss", "value loss", "squared error (reward units²)"),
 )
+"""Every panel either picture may draw, in order; ``drawn`` leaves out what a run lacks."""
+
+
+def drawn(curves: Sequence[Curve], rows: Sequence[dict[str, Any]]) -> list[Curve]:
+    """The curves ``rows`` (metrics.jsonl rows, of one run or several) have something to show for: the key
+    is logged, and for a ``zero_means_none`` curve, not only as 0.
+
+    Worked example: rows [{"reward/learned": 0.0, "kl/mean": 0.0}, {"reward/learned": 0.0, "kl/mean": 0.3}]
+    -> kl/mean only (the learned reward is 0 throughout: a success-only run has none).
+    """
+    return [c for c in curves if any(c.key in r and not (c.zero_means_none and r[c.key] == 0) for r in rows)]
+
+
+def panel_grid(num_panels: int, num_cols: int = 4, size: tuple[float, float] = (4.2, 3.0)):
+    """A figure with ``num_panels`` axes in rows of ``num_cols``; the grid's unused cells are removed
+    (no empty panels). Returns (figure, list of axes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    num_cols = min(num_cols, max(1, num_panels))
+    num_rows = max(1, math.ceil(num_panels / num_cols))
+    fig, axes = plt.subplots(num_rows, num_cols, figsize=(size[0] * num_cols, size[1] * num_rows), squeeze=False)
+    for ax in list(axes.flat)[num_panels:]:
+        fig.delaxes(ax)
+    return fig, list(axes.flat)[:num_panels]
 
 
 class MetricsWriter:
@@ -157,35 +200,38 @@ def _scalar(v: Any) -> Any:
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    """The rows of ``run_dir/metrics.jsonl`` ([] when there is none); ValueError naming file and line."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+    rows = []
+    for num_line, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except ValueError as e:
+                raise ValueError(f"{path}:{num_line}: malformed JSON ({e})") from None
+    return rows
 
 
 def plot_curves(run_dir: Path, out: Path | None = None) -> Path | None:
-    """A grid of the key curves over iterations, written next to metrics.jsonl."""
+    """The run's curves over iterations (``CURVES`` it has values for), written next to metrics.jsonl;
+    the title says where held-out success went."""
     rows = read_metrics(run_dir)
-    if not rows:
+    curves = drawn(CURVES, rows)
+    if not curves:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    present = [(k, title) for k, title in KEY_CURVES if any(k in r for r in rows)]
-    num_cols = 4
-    num_rows = max(1, math.ceil(len(present) / num_cols))
-    fig, axes = plt.subplots(num_rows, num_cols, figsize=(4 * num_cols, 3 * num_rows), squeeze=False)
-    for ax, (key, title) in zip(axes.flat, present):
-        xs = [r["iteration"] for r in rows if key in r]
-        ys = [r[key] for r in rows if key in r]
-        ax.plot(xs, ys, marker="o", markersize=3)
-        ax.set_title(title, fontsize=10)
+    fig, axes = panel_grid(len(curves))
+    for ax, curve in zip(axes, curves):
+        points = [(r["iteration"], r[curve.key]) for r in rows if curve.key in r]
+        ax.plot([x for x, _ in points], [y for _, y in points], marker="o", markersize=3)
+        ax.set_title(curve.title, fontsize=10)
         ax.set_xlabel("iteration")
+        ax.set_ylabel(curve.ylabel, fontsize=8)
         ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(present) :]:
-        ax.axis("off")
+    heldout = [r["heldout/success"] for r in rows if "heldout/success" in r]
+    went = f": held-out greedy success {heldout[0]:.3f} -> {heldout[-1]:.3f}" if len(heldout) > 1 else ""
+    fig.suptitle(f"{run_dir.name}, {rows[-1]['iteration']} iterations{went}", fontsize=11)
     fig.tight_layout()
     return atomic_save_figure(fig, out or run_dir / "curves.png", dpi=90)
 

@@ -17,6 +17,7 @@ starts, and errors name the file, the call and the field. Pure: no Ray, no torch
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
@@ -224,9 +225,22 @@ def _mesh(plan: ExecutionPlan, alloc: CallAllocation) -> str:
     return f"{where} devices {span}"
 
 
-def dry_run_report(cfg: TrainConfig, run_dir: Path | None = None) -> list[str]:
-    """What `python train.py run.dry_run=true` prints: the plan, one line per call (mesh, layout,
-    predicted seconds, memory per device), and the cost model's totals on the last line.
+@dataclass
+class PlanReport:
+    """The plan part of `python train.py run.dry_run=true` (``plan_report``)."""
+
+    plan: ExecutionPlan
+    lines: list[str]
+    """The cluster and workload, one line per call, reallocation."""
+    summary: str
+    """``plan: N devices, predicted S s/iteration, peak G GiB/device``: the dry run's last line."""
+    problem: str | None
+    """Why the plan cannot run (it does not fit the devices' memory), or None."""
+
+
+def plan_report(cfg: TrainConfig) -> PlanReport:
+    """The plan ``cluster.plan`` gives this config: one line per call (mesh, layout, predicted seconds,
+    memory per device), the cost model's totals, and whether it fits the devices' memory.
 
     Reads shapes from the configs only (no weights, no download, no Ray). The call's memory is its
     own (resident + active) bytes per device; the peak is the fullest device of its mesh with every
@@ -236,7 +250,7 @@ def dry_run_report(cfg: TrainConfig, run_dir: Path | None = None) -> list[str]:
 
     cl = cfg.cluster
     specs = model_specs(cfg)
-    plan = resolve_plan(cfg, specs, run_dir=run_dir)
+    plan = resolve_plan(cfg, specs)
     w = workload(cfg, specs)
     hw = hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
     cost = estimate_plan(plan, w, hw)
@@ -255,17 +269,18 @@ def dry_run_report(cfg: TrainConfig, run_dir: Path | None = None) -> list[str]:
         )
     lines.append(f"  reallocation {cost.realloc_seconds:.2f} s per iteration; calls on disjoint devices overlap")
     lines += memory_lifecycle(plan, w, hw).table()
+    problem = None
     if not cost.fits:
-        lines.append(
-            f"warning: the fullest device needs {cost.overflow_bytes / gib:.1f} GiB more than a {cl.hardware} has"
+        problem = (
+            f"the plan does not fit: its fullest device needs {cost.overflow_bytes / gib:.1f} GiB more than a "
+            f"{cl.hardware} has; add devices (cluster.devices_per_node, cluster.num_nodes), try cluster.plan=search, "
+            "or shrink the batch (rollout.num_prompts, rollout.num_samples_per_prompt)"
         )
-    if run_dir is not None:
-        lines.append(f"written: {Path(run_dir) / PLAN_FILE} (run it with cluster.plan=<that path>)")
-    lines.append(
+    summary = (
         f"plan: {plan.num_devices} devices, predicted {cost.seconds_per_iteration:.2f} s/iteration, "
         f"peak {cost.peak_bytes / gib:.1f} GiB/device"
     )
-    return lines
+    return PlanReport(plan, lines, summary, problem)
 
 
 def plan_lifecycle(cfg: TrainConfig, plan: ExecutionPlan, specs: dict[str, ModelSpec]) -> MemoryLifecycle:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from eval.compare_runs import main
 from eval.metrics import summarize
 
@@ -54,5 +56,18 @@ def test_compare_writes_table_and_chart(tmp_path, capsys):
 
 
 def test_compare_rejects_non_run_directories(tmp_path, capsys):
-    assert main([str(tmp_path), "--out", str(tmp_path / "o")]) == 2
-    assert "no summary.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main([str(tmp_path), "--out", str(tmp_path / "o")])
+    assert info.value.code == 1 and "no summary.json" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+def test_compare_names_a_training_run_and_writes_nothing(tmp_path, capsys):
+    # A training run's summary.json (held-out success before and after) is not an evaluation's.
+    (tmp_path / "train_run").mkdir()
+    (tmp_path / "train_run" / "summary.json").write_text('{"heldout_before": 0.4, "heldout_after": 0.6}')
+    with pytest.raises(SystemExit) as info:
+        main([str(tmp_path / "train_run"), "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert info.value.code == 1 and "not an evaluation summary" in err and "python -m eval model=" in err
+    assert not (tmp_path / "o").exists()

@@ -103,7 +103,8 @@ def test_run_dir_round_trip(tmp_path):
 
 def test_cli_rejects_greedy_runs_and_bad_aggregations(tmp_path, capsys):
     (tmp_path / "samples.jsonl").write_text(json.dumps(sample("a", 0, True, "1")) + "\n")
-    assert main([str(tmp_path), "--rm", "x", "--kind", "prm", "--aggregations", "median"]) == 2
-    assert "unknown aggregation 'median'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main([str(tmp_path), "--rm", "x", "--kind", "prm", "--aggregations", "median"])
+    assert info.value.code == 1 and "unknown aggregation 'median'" in capsys.readouterr().err
     with pytest.raises(ValueError, match="1 sample per problem"):
         run_best_of_n(tmp_path, lambda pairs: [0.0] * len(pairs), "orm", [], "fake")

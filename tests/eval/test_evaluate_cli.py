@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from eval.__main__ import EvalError, auto_kv_cache_gib, default_run_dir, run_eval, run_key, to_eval_config
+from common.config import ConfigError
+from eval.__main__ import EvalError, as_trained, auto_kv_cache_gib, default_run_dir, run_eval, run_key, to_eval_config
 from models.vllm_engine import Completion, EngineInfo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -76,7 +77,7 @@ def test_composes_model_group_from_configs_model_and_data_group():
     assert cfg.model.name == "smollm2-135m" and cfg.model.source.value == "gguf"
     assert cfg.data.name == "gsm8k" and cfg.data.limit == 50 and cfg.data.prompt == "qwen_math_cot"
     assert config().data.name == "math500"
-    with pytest.raises(EvalError, match="temperature=0"):
+    with pytest.raises(ConfigError, match="temperature=0"):
         config("num_samples=4")
 
 
@@ -114,7 +115,8 @@ def test_default_run_dir_is_a_function_of_the_settings(tiny_model_dir):
     dir_a = default_run_dir(a, run_key(a, tiny_model_dir))
     assert dir_a == default_run_dir(b, run_key(b, tiny_model_dir))  # chunking does not change samples
     assert dir_a != default_run_dir(c, run_key(c, tiny_model_dir))
-    assert dir_a.parent == REPO / "outputs" / "eval" and dir_a.name.startswith("tiny-gsm8k-")
+    # Under the working directory, as training's outputs/ is (also for an installed realm-eval).
+    assert dir_a.parent == Path("outputs") / "eval" and dir_a.name.startswith("tiny-gsm8k-")
 
 
 def test_limit_takes_a_fixed_seed_subset(fake_engine, tiny_model_dir, tmp_path):
@@ -202,7 +204,7 @@ def test_kv_cache_is_sized_for_one_chunk(tmp_path):
 @pytest.mark.filterwarnings("ignore:'eval.__main__' found in sys.modules:RuntimeWarning")
 @pytest.mark.parametrize("override, key", [("+no_such=1", "no_such"), ("+data.no_such_field=1", "data.no_such_field")])
 def test_command_rejects_an_added_unknown_key_before_evaluating(
-    override, key, monkeypatch, tmp_path, isolated_config_store
+    override, key, monkeypatch, tmp_path, isolated_config_store, capsys
 ):
     """`+key=value` lifts Hydra's struct mode; `python -m eval` must still stop at start, naming the key."""
     import runpy
@@ -216,4 +218,23 @@ def test_command_rejects_an_added_unknown_key_before_evaluating(
     monkeypatch.setattr(sys, "argv", ["eval", override, f"hydra.run.dir={tmp_path}", "hydra.output_subdir=null"])
     with pytest.raises(SystemExit) as info:
         runpy.run_module("eval", run_name="__main__", alter_sys=True)
-    assert str(info.value).startswith("error: config error: unknown config key") and key in str(info.value)
+    err = capsys.readouterr().err
+    assert info.value.code == 1 and err.startswith(f"error: unknown config key {key}"), err
+
+
+def test_an_exported_policy_is_evaluated_with_its_training_prompt_and_budget(tmp_path):
+    # An export (trainer.export) holds prompt.yaml and realm_export.json; its rollouts had 48 new tokens.
+    exported = tmp_path / "hf"
+    exported.mkdir()
+    (exported / "prompt.yaml").write_text("name: trained\nsystem: ''\nuser: '{question}'\nchat: true\n")
+    (exported / "realm_export.json").write_text(json.dumps({"heldout": {"max_new_tokens": 48}}))
+    cfg, said = as_trained(config(), exported)
+    assert (cfg.prompt, cfg.max_new_tokens) == ("trained", 48)
+    assert said == "prompt trained (the policy's own), max_new_tokens 48 (its rollouts')"
+    cfg, said = as_trained(config("prompt=qwen_math_cot", "max_new_tokens=512"), exported)
+    assert (cfg.prompt, cfg.max_new_tokens) == ("qwen_math_cot", 512)
+    assert said == "prompt qwen_math_cot (prompt=), max_new_tokens 512 (max_new_tokens=)"
+    # Any other model: the dataset's prompt (MATH-500: qwen_math_cot) and 1,024 new tokens, as before.
+    cfg, said = as_trained(config(), tmp_path)
+    assert (cfg.prompt, cfg.max_new_tokens) == ("", 1024)
+    assert said == "prompt qwen_math_cot (the dataset's), max_new_tokens 1024 (the default)"

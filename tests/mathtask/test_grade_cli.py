@@ -51,14 +51,14 @@ def test_cli_rejects_bad_lines(tmp_path):
     src = tmp_path / "in.jsonl"
     src.write_text(json.dumps(ROWS[0]) + "\nnot json\n")
     proc = _run(["--input", str(src), "--output", str(tmp_path / "out.jsonl")])
-    assert proc.returncode == 2 and ":2:" in proc.stderr
+    assert proc.returncode == 1 and ":2:" in proc.stderr
     src.write_text(json.dumps({"response": "x", "gold": "1", "dataset": "aime"}) + "\n")
     proc = _run(["--input", str(src), "--output", str(tmp_path / "out.jsonl")])
-    assert proc.returncode == 2 and "aime" in proc.stderr
+    assert proc.returncode == 1 and "aime" in proc.stderr
 
 
 def test_missing_input_is_one_line_not_a_traceback(tmp_path):
     proc = _run(["--input", str(tmp_path / "missing.jsonl"), "--output", str(tmp_path / "out.jsonl")])
-    assert proc.returncode == 2
+    assert proc.returncode == 1
     assert "Traceback" not in proc.stderr
     assert proc.stderr.strip().count("\n") == 0 and "missing.jsonl" in proc.stderr

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from common.config import ConfigError
 from eval.__main__ import EvalError, model_path_overrides, run_eval, run_key, to_eval_config
 from eval.evaluate import grader_agreement
 from eval.report import render_markdown
@@ -26,7 +27,7 @@ def test_limit_is_an_alias_of_data_limit():
     assert config("data=gsm8k", "data.limit=40").data.limit == 40
     # One key afterwards: the run key (and so the default run directory) is the same either way.
     assert run_key(config("limit=40"), Path("m")) == run_key(config("data.limit=40"), Path("m"))
-    with pytest.raises(EvalError, match="limit=-1"):
+    with pytest.raises(ConfigError, match="limit=-1"):
         config("limit=-1")
 
 

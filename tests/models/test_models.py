@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from models.config import ModelConfig, ModelSource
-from models.registry import ModelNotAvailable, resolve_model_dir
+from models.registry import ModelNotAvailable, locate_model, resolve_model_dir
 
 
 def test_tiny_is_deterministic_and_head_dim_64(tiny_model_dir, tmp_path, monkeypatch):
@@ -39,3 +39,20 @@ def test_bad_tiny_shape_fails_at_config_time():
 
     with pytest.raises(ValueError, match="head_dim=16"):
         ModelConfig(tiny=TinyArchConfig(hidden_size=64, num_heads=4, num_kv_heads=2))
+
+
+def test_locate_model_says_where_without_building_or_downloading(monkeypatch, tmp_path):
+    monkeypatch.setenv("REALM_CACHE_DIR", str(tmp_path / "cache"))
+    assert locate_model(ModelConfig()) == "built locally from its config (on first use)"
+    assert not (tmp_path / "cache").exists()  # nothing built
+    (tmp_path / "hf").mkdir()
+    with pytest.raises(ModelNotAvailable, match="has no config.json"):
+        locate_model(ModelConfig(name="m", source=ModelSource.hf, path=str(tmp_path / "hf")))
+    (tmp_path / "hf" / "config.json").write_text("{}")
+    assert locate_model(ModelConfig(name="m", source=ModelSource.hf, path=str(tmp_path / "hf"))) == str(tmp_path / "hf")
+    hub = ModelConfig(name="q", source=ModelSource.hf, path="realm-tests/no-such-model", hub_hint="get it")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # and no copy in the hub cache: a run would stop at start
+    with pytest.raises(ModelNotAvailable, match="not available offline.*get it"):
+        locate_model(hub)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    assert locate_model(hub) == "hub id realm-tests/no-such-model, not cached here: downloaded at start"

@@ -8,6 +8,9 @@ perturbed weights, vLLM's logprobs of fixed sequences equal the perturbed transf
 
 from __future__ import annotations
 
+import logging
+import os
+
 import pytest
 import torch
 
@@ -115,6 +118,78 @@ def test_load_weights_changes_generation_and_matches_transformers(engine, tiny_m
     engine.load_weights(original)
     assert max_abs_diff(engine.prompt_logprobs(sequences), before) < TOLERANCE
     assert engine.generate([prompt], temperature=0.0, max_new_tokens=10)[0][0].token_ids == greedy_before
+
+
+def _vocab_and_rotary(worker):
+    """Inside the engine: its embedding, its LM head and every rotary cos/sin cache, copied."""
+    model = worker.model_runner.get_model()
+    caches = [m.cos_sin_cache.detach().clone() for m in model.modules() if hasattr(m, "cos_sin_cache")]
+    return model.model.embed_tokens.weight.detach().clone(), model.lm_head.weight.detach().clone(), caches
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_reload_leaves_the_tied_head_and_the_rotary_cache_right(engine, tiny_model_dir):
+    """vLLM's layer-wise reload says "ParallelLMHead: Failed to load weights" and "RotaryEmbedding: Failed to
+    load weights" on every reload of a tied model: the checkpoint holds nothing of theirs. realm drops those
+    two lines (models/vllm_engine.py, _HarmlessVLLMLines) because of what this checks: after a reload of new
+    weights the LM head is the new embedding (the tiny model ties them), and the rotary caches are as before."""
+    from transformers import AutoModelForCausalLM
+
+    from models.vllm_engine import _HARMLESS
+
+    ((embed_before, _, rotary_before),) = engine.llm.collective_rpc(_vocab_and_rotary)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    original = {k: v.clone() for k, v in model.state_dict().items()}
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    # What reallocation sends: named_parameters(), the tied head omitted (reallocation/layout.py, as HF does).
+    weights = dict(model.named_parameters())
+    assert "lm_head.weight" not in weights
+    layerwise = logging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    seen = _Lines()
+    layerwise.addHandler(seen)
+    layerwise.removeFilter(_HARMLESS)  # first without the filter: the lines are real
+    try:
+        engine.load_weights(weights)
+        unfiltered, seen.lines = seen.lines, []
+        layerwise.addFilter(_HARMLESS)
+        engine.load_weights(weights)
+    finally:
+        layerwise.removeHandler(seen)
+        layerwise.addFilter(_HARMLESS)
+    assert "ParallelLMHead: Failed to load weights" in unfiltered
+    assert "RotaryEmbedding: Failed to load weights" in unfiltered
+    assert not [line for line in seen.lines if "Failed to load weights" in line]
+
+    ((embed, head, rotary),) = engine.llm.collective_rpc(_vocab_and_rotary)
+    vocab = model.config.vocab_size  # vLLM may pad its embedding rows past the vocabulary
+    assert not torch.equal(embed[:vocab], embed_before[:vocab])
+    assert torch.equal(embed[:vocab], model.model.embed_tokens.weight[:vocab])
+    assert torch.equal(head, embed)
+    assert rotary_before and all(torch.equal(a, b) for a, b in zip(rotary, rotary_before))
+    engine.load_weights(original)  # the module's other tests share the engine
+
+
+def test_engine_runs_with_the_threads_realm_set(engine):
+    """vLLM's CPU worker turns torch.set_num_threads into a no-op that warns; realm drops that warning because
+    the engine already runs with the thread count realm gave it before vLLM bound its threads: OMP_NUM_THREADS
+    when set, else 1 (models/vllm_engine.py, _one_torch_thread_on_cpu)."""
+    want = int(os.environ.get("OMP_NUM_THREADS", "1"))
+    assert engine.llm.collective_rpc(_torch_threads) == [want]
+
+
+def _torch_threads(worker) -> int:
+    return torch.get_num_threads()
 
 
 def test_generate_fn_adapter_and_bad_input(engine, prompt, tmp_path):

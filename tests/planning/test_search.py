@@ -19,7 +19,7 @@ from planning.estimator import (
     realloc_seconds,
 )
 from planning.execution_plan import CallAllocation, ExecutionPlan, PlanError
-from planning.search import NoFitError, main, search, search_plan
+from planning.search import NoFitError, main, model_shape, search, search_plan
 from planning.shapes import named_spec
 
 QWEN_1_5B = named_spec("qwen2.5-math-1.5b")
@@ -277,28 +277,11 @@ def test_search_says_when_nothing_fits():
 
 
 def test_cli_prints_plan_and_summary_line(tmp_path, capsys):
+    # train.py's words: a configs/model/ name, cluster.* and rollout.*; 16 prompts x 4 samples = 64 sequences.
     out = tmp_path / "plan.yaml"
     rc = main(
-        [
-            "--actor",
-            "qwen2.5-math-1.5b",
-            "--critic",
-            "qwen2.5-math-1.5b",
-            "--nodes",
-            "1",
-            "--gpus-per-node",
-            "8",
-            "--batch",
-            "64",
-            "--prompt-len",
-            "128",
-            "--gen-len",
-            "256",
-            "--seconds",
-            "2",
-            "--out",
-            str(out),
-        ]
+        "--actor qwen2.5-math-1.5b-instruct --num-nodes 1 --devices-per-node 8 --num-prompts 16 "
+        f"--samples-per-prompt 4 --max-prompt-tokens 128 --max-new-tokens 256 --seconds 2 --out {out}".split()
     )
     assert rc == 0
     lines = capsys.readouterr().out.strip().splitlines()
@@ -310,31 +293,48 @@ def test_cli_prints_plan_and_summary_line(tmp_path, capsys):
     assert any(line.strip().startswith("actor_train") for line in lines)
     plan = ExecutionPlan.load(out)
     assert plan.source == "search" and "rew_inf" not in plan.calls
-    w = Workload(QWEN_1_5B, QWEN_1_5B, None, 64, 128, 256)
+    w = Workload(QWEN_1_5B, QWEN_1_5B, None, 64, 128, 256)  # the critic defaults to the actor's shape
     best = float(lines[-1].split()[1])
     assert estimate_plan(plan, w, HW).seconds_per_iteration == pytest.approx(best, abs=0.006)
 
 
-def test_cli_rejects_unknown_model(capsys):
-    rc = main(
-        [
-            "--actor",
-            "nope",
-            "--critic",
-            "llama-2-7b",
-            "--nodes",
-            "1",
-            "--gpus-per-node",
-            "8",
-            "--batch",
-            "8",
-            "--prompt-len",
-            "8",
-            "--gen-len",
-            "8",
-        ]
+def test_cli_reads_model_names_as_train_py_does():
+    # configs/model/qwen2.5-math-7b-instruct.yaml's shape is Qwen2.5-Math-7B's (the Instruct model shares it).
+    assert model_shape("qwen2.5-math-7b-instruct") == named_spec("qwen2.5-math-7b")
+    assert model_shape("llama-2-7b") == named_spec("llama-2-7b")
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ("--actor nope", "unknown model 'nope'"),
+        ("--actor qwen2.5-math-1.5b-instrukt", "did you mean qwen2.5-math-1.5b-instruct"),
+        ("--num-prompts 0", "argument --num-prompts: 0 must be > 0"),
+        ("--max-new-tokens -5", "argument --max-new-tokens: -5 must be > 0"),
+        ("--gpu h100", "unknown option --gpu (now --hardware)"),
+        ("--hardware h300", "invalid choice: 'h300'"),
+        ("--num-devices 3", "unknown option --num-devices"),
+    ],
+)
+def test_cli_bad_input_is_one_error_line_and_exit_status_1(args, message, capsys):
+    base = (
+        "--actor llama-2-7b --num-nodes 1 --devices-per-node 8 --num-prompts 8 --max-prompt-tokens 8 --max-new-tokens 8"
     )
-    assert rc == 2 and "unknown model 'nope'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as info:
+        main(base.split() + args.split())
+    err = capsys.readouterr().err
+    assert info.value.code == 1 and err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+
+
+def test_cli_no_fitting_plan_is_exit_status_1(capsys):
+    # LLaMA-2 70B training state (7e10 x 16 B = 1 TB) on one 80 GB GPU.
+    with pytest.raises(SystemExit) as info:
+        main(
+            "--actor llama-2-70b --num-nodes 1 --devices-per-node 1 --num-prompts 8 --max-prompt-tokens 8 "
+            "--max-new-tokens 8 --seconds 1".split()
+        )
+    err = capsys.readouterr().err
+    assert info.value.code == 1 and err.startswith("error: ") and "GiB" in err
 
 
 @pytest.mark.slow

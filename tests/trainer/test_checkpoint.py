@@ -23,21 +23,21 @@ def _write(d: Path) -> None:
 
 
 def test_save_then_latest(tmp_path):
-    save_checkpoint(tmp_path, 5, {"iteration": 5}, _write)
-    save_checkpoint(tmp_path, 10, {"iteration": 10}, _write)
+    save_checkpoint(tmp_path, 5, {"iteration": 5}, _write, keep_last=2)
+    save_checkpoint(tmp_path, 10, {"iteration": 10}, _write, keep_last=2)
     latest = latest_checkpoint(tmp_path)
     assert latest.name == "iter_000010" and load_state(latest) == {"iteration": 10}
 
 
 def test_failed_write_keeps_previous(tmp_path):
-    save_checkpoint(tmp_path, 5, {"iteration": 5}, _write)
+    save_checkpoint(tmp_path, 5, {"iteration": 5}, _write, keep_last=2)
 
     def dies_midway(d: Path) -> None:
         _write(d)
         raise KeyboardInterrupt  # what a Ctrl-C during the write looks like
 
     with pytest.raises(KeyboardInterrupt):
-        save_checkpoint(tmp_path, 10, {"iteration": 10}, dies_midway)
+        save_checkpoint(tmp_path, 10, {"iteration": 10}, dies_midway, keep_last=2)
     assert latest_checkpoint(tmp_path).name == "iter_000005"
     assert not list(tmp_path.glob("*.tmp-*"))
 
@@ -49,12 +49,12 @@ def test_sigkill_during_write_keeps_previous(tmp_path):
         from pathlib import Path
         from trainer.checkpoint import save_checkpoint
         root = Path({str(tmp_path)!r})
-        save_checkpoint(root, 5, {{"iteration": 5}}, lambda d: (d / "a").write_text("ok"))
+        save_checkpoint(root, 5, {{"iteration": 5}}, lambda d: (d / "a").write_text("ok"), keep_last=2)
         def slow(d):
             (d / "partial").write_text("half")
             (root / "started").write_text("1")
             time.sleep(60)
-        save_checkpoint(root, 10, {{"iteration": 10}}, slow)
+        save_checkpoint(root, 10, {{"iteration": 10}}, slow, keep_last=2)
     """)
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=Path(__file__).resolve().parents[2])
     deadline = time.monotonic() + 60
@@ -66,13 +66,22 @@ def test_sigkill_during_write_keeps_previous(tmp_path):
     latest = latest_checkpoint(tmp_path)
     assert latest.name == "iter_000005" and load_state(latest)["iteration"] == 5
     # The next successful save prunes the half-written leftovers.
-    save_checkpoint(tmp_path, 10, {"iteration": 10}, _write)
+    save_checkpoint(tmp_path, 10, {"iteration": 10}, _write, keep_last=2)
     assert latest_checkpoint(tmp_path).name == "iter_000010"
     assert not list(tmp_path.glob("*.tmp-*"))
 
 
+@pytest.mark.parametrize("keep_last", [1, 3])
+def test_only_the_newest_keep_last_checkpoints_stay(tmp_path, keep_last):
+    # Iterations 5, 10, 15, 20 saved: keep_last=1 leaves iteration 20; keep_last=3 leaves 10, 15 and 20.
+    for iteration in (5, 10, 15, 20):
+        save_checkpoint(tmp_path, iteration, {"iteration": iteration}, _write, keep_last=keep_last)
+    kept = sorted(p.name for p in tmp_path.glob("iter_*"))
+    assert kept == ["iter_000010", "iter_000015", "iter_000020"][3 - keep_last :]
+
+
 def test_corrupt_pointer_falls_back_to_scan(tmp_path):
-    save_checkpoint(tmp_path, 5, {"iteration": 5}, _write)
+    save_checkpoint(tmp_path, 5, {"iteration": 5}, _write, keep_last=2)
     (tmp_path / "latest").write_text("iter_999999\n")
     assert latest_checkpoint(tmp_path).name == "iter_000005"
 

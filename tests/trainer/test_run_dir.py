@@ -1,0 +1,88 @@
+"""A relaunch into a run directory resumes only with the checkpoint's math settings (trainer/run_dir.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from common.config import to_plain
+from trainer.checkpoint import save_checkpoint
+from trainer.config import RunConfig, TrainConfig
+from trainer.run_dir import (
+    ResumeError,
+    changed_settings,
+    check_resume,
+    math_settings,
+    remove_unused,
+    save_run_config,
+)
+
+
+def _checkpoint(run_dir: Path, cfg: TrainConfig | None, iteration: int = 10) -> None:
+    state = {"iteration": iteration} | ({"config": to_plain(cfg)} if cfg is not None else {})
+    save_checkpoint(run_dir / "checkpoints", iteration, state, lambda d: (d / "policy").mkdir(), keep_last=2)
+
+
+def test_math_settings_worked_example():
+    config = {
+        "run": {"seed": 3, "name": "x", "num_iterations": 20},
+        "ppo": {"gamma": 1.0},
+        "cluster": {"plan": "search"},
+    }
+    assert math_settings(config) == {"ppo.gamma": 1.0, "run.seed": 3}
+
+
+def test_changed_settings_name_old_and_new_values():
+    old = {"ppo": {"actor_lr": 1e-4, "gamma": 1.0}, "run": {"seed": 0}}
+    new = {"ppo": {"actor_lr": 3e-4, "gamma": 1.0}, "run": {"seed": 0}, "rollout": {"num_prompts": 32}}
+    assert changed_settings(old, new) == ["ppo.actor_lr (0.0001 -> 0.0003)", "rollout.num_prompts ('unset' -> 32)"]
+
+
+def test_a_fresh_directory_and_the_same_settings_resume(tmp_path):
+    cfg = TrainConfig()
+    assert check_resume(cfg, tmp_path).startswith("a fresh start")
+    _checkpoint(tmp_path, cfg)
+    longer = replace(cfg, run=replace(cfg.run, num_iterations=40, eval_every=5, keep_checkpoints=3))
+    assert "iteration 10" in check_resume(
+        longer, tmp_path
+    )  # a run may be extended; evaluation and checkpoints are not math
+
+
+def test_changed_math_settings_are_refused_with_the_keys_unless_resume_is_off(tmp_path):
+    cfg = TrainConfig()
+    _checkpoint(tmp_path, cfg)
+    changed = replace(cfg, ppo=replace(cfg.ppo, actor_lr=3e-4), run=replace(cfg.run, seed=1))
+    with pytest.raises(ResumeError) as info:
+        check_resume(changed, tmp_path)
+    message = str(info.value)
+    assert "iter_000010 was trained with other settings" in message
+    assert f"ppo.actor_lr ({cfg.ppo.actor_lr!r} -> 0.0003)" in message and "run.seed (0 -> 1)" in message
+    assert "run.resume=false" in message
+    off = replace(changed, run=replace(changed.run, resume=False))
+    assert check_resume(off, tmp_path).startswith("a fresh start (run.resume=false")
+
+
+def test_an_older_checkpoint_is_compared_with_the_run_config(tmp_path):
+    # Checkpoints written before they held their config: the run's .hydra/config.yaml stands in.
+    _checkpoint(tmp_path, None)
+    save_run_config(tmp_path, "rollout:\n  num_prompts: 32\n", ["rollout.num_prompts=32"])
+    with pytest.raises(ResumeError, match=r"rollout.num_prompts \(32 -> 64\)"):
+        check_resume(TrainConfig(), tmp_path)
+    assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- rollout.num_prompts=32\n"
+
+
+def test_keep_checkpoints_must_keep_one():
+    with pytest.raises(ValueError, match="run.keep_checkpoints=0"):
+        RunConfig(keep_checkpoints=0)
+
+
+def test_remove_unused_leaves_a_directory_with_anything_but_the_snapshot(tmp_path):
+    only_snapshot, with_metrics = tmp_path / "a", tmp_path / "b"
+    for d in (only_snapshot, with_metrics):
+        save_run_config(d, "x: 1\n", [])
+    (with_metrics / "metrics.jsonl").write_text("{}\n")
+    remove_unused(only_snapshot)
+    remove_unused(with_metrics)
+    assert not only_snapshot.exists() and (with_metrics / ".hydra" / "config.yaml").exists()

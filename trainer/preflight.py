@@ -1,0 +1,84 @@
+"""`python train.py run.dry_run=true`: what a run would hit, checked before Ray starts or any weights load.
+
+    config   keys and values (train.py's command line checked them against the schema already)
+    data     every record of the training and held-out sets parses; how many there are
+    models   the policy, the critic and the reward model are where the run will look, without a download
+    resume   what a launch into the run directory does (``trainer.run_dir.check_resume``)
+    plan     the execution plan, one line per call, and whether it fits the devices' memory
+
+``preflight`` returns the report's lines and the problems found; train.py prints the lines and, when
+there is a problem, exits with status 1 and the first problem as its last line. Only a dry run that
+finds nothing wrong writes into the run directory (its plan.yaml).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from rewards.config import RewardKind
+from trainer.config import TrainConfig
+
+
+def preflight(cfg: TrainConfig, run_dir: Path | None) -> tuple[list[str], list[str]]:
+    """Every check of the module docstring, in order; (report lines, problems)."""
+    from mathtask.data import DataError
+    from models.registry import ModelNotAvailable
+    from planning.execution_plan import PlanError
+    from rewards.reward_model import RewardModelError
+    from trainer.loop import TrainingError
+    from trainer.run_dir import ResumeError
+
+    lines = ["config: ok (schema: trainer/config.py)"]
+    problems: list[str] = []
+
+    def check(label: str, describe: Callable[[], str]) -> None:
+        try:
+            lines.append(f"{label}: {describe()}")
+        except (DataError, ModelNotAvailable, RewardModelError, ResumeError, TrainingError, PlanError) as e:
+            lines.append(f"{label}: FAILED: {e}")
+            problems.append(f"{label}: {e}")
+
+    check("data", lambda: describe_data(cfg))
+    check("model", lambda: _locate_model(cfg.model))
+    if not cfg.critic.from_policy:
+        check("critic", lambda: _locate_model(cfg.critic.model))
+    if cfg.reward.kind != RewardKind.success:
+        check("reward model", lambda: _locate_reward_model(cfg.reward.model.path))
+    if run_dir is not None:
+        from trainer.run_dir import check_resume
+
+        check("resume", lambda: check_resume(cfg, run_dir))
+    from trainer.plan_select import PLAN_FILE, plan_report
+
+    try:
+        report = plan_report(cfg)
+    except PlanError as e:
+        lines.append(f"plan: FAILED: {e}")
+        return lines, problems + [f"plan: {e}"]
+    lines += report.lines
+    problems += [report.problem] if report.problem else []
+    if run_dir is not None and not problems:  # a failed check writes nothing
+        report.plan.save(run_dir / PLAN_FILE)
+        lines.append(f"written: {run_dir / PLAN_FILE} (run it with cluster.plan=<that path>)")
+    return lines + [report.summary], problems
+
+
+def describe_data(cfg: TrainConfig) -> str:
+    """``2000 training prompts (synthetic), 200 held-out problems (synthetic)``: every record is read."""
+    from trainer.loop import load_data
+
+    train, heldout = load_data(cfg)
+    return f"{len(train)} training prompts ({cfg.data.name}), {len(heldout)} held-out problems ({cfg.data.heldout})"
+
+
+def _locate_model(model) -> str:
+    from models.registry import locate_model
+
+    return f"{model.name}: {locate_model(model)}"
+
+
+def _locate_reward_model(path: str) -> str:
+    from rewards.build import locate_reward_model
+
+    return f"{path}: {locate_reward_model(path)}"
