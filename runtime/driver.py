@@ -126,7 +126,7 @@ def _recipes(
                 **train,
             ),
         ),
-        Role.critic_inf: (CriticShard, dict(model_dir=dirs["critic_dir"], **train)),
+        Role.critic_inf: (CriticShard, dict(model_dir=dirs["critic_dir"], frozen=True, **train)),
         Role.ref: (
             ReferenceShard,
             dict(
