@@ -407,7 +407,9 @@ def critic_inference_on_training_shards(inf: CallAllocation, train: CallAllocati
     """Whether critic inference runs on critic training's shards (the same devices, as a set, and the
     same pp, dp and tp): then it is a forward on the FSDP / TP shards, with no copy of its own and no
     reallocation; otherwise the critic moves to replicas of its own after each training call."""
-    return (sorted(inf.devices), inf.pp, inf.dp, inf.tp) == (sorted(train.devices), train.pp, train.dp, train.tp)
+    if (inf.pp, inf.dp, inf.tp) != (train.pp, train.dp, train.tp) or len(inf.devices) != len(train.devices):
+        return False
+    return inf.devices == train.devices or sorted(inf.devices) == sorted(train.devices)
 
 
 def call_memory(
@@ -761,12 +763,16 @@ class Evaluator:
         return resident + active + copy <= self.hw.gpu_memory_bytes
 
     def training_forward(self, call: str, a: CallAllocation) -> float:
-        """``training_layout_forward_seconds`` of ``call``'s model under ``a`` (cached by shape)."""
-        key = ("forward on training shards", *self._shape_key(call, a))
-        out = self._facts.get(key)
-        if out is None:
-            out = self._facts[key] = (training_layout_forward_seconds(self.w.spec(call), a, self.w, self.hw), 0, 0, 0)
-        return out[0]
+        """``training_layout_forward_seconds`` of ``call``'s model under ``a`` (cached by identity, then shape)."""
+        hit = self._by_alloc.get((f"{call} on training shards", id(a)))
+        if hit is None:
+            key = ("forward on training shards", *self._shape_key(call, a))
+            out = self._facts.get(key)
+            if out is None:
+                seconds = training_layout_forward_seconds(self.w.spec(call), a, self.w, self.hw)
+                out = self._facts[key] = (seconds, 0.0, 0.0, 0.0)
+            hit = self._by_alloc[f"{call} on training shards", id(a)] = (a, out)
+        return hit[1][0]
 
     def move(self, model: str, train: CallAllocation, a: CallAllocation) -> float:
         """Seconds to give the GPUs of ``a`` (actor_gen for the "actor", critic_inf for the "critic")
@@ -808,10 +814,15 @@ class Evaluator:
         devices = {c: tuple(a.devices) for c, a in calls}
         return seconds, {c: devices.get(c) or _scheduled_devices(c, devices) for c in seconds}
 
-    def period(self, calls: tuple[tuple[str, CallAllocation], ...], with_moves: bool = True) -> float:
+    def period(
+        self,
+        calls: tuple[tuple[str, CallAllocation], ...],
+        with_moves: bool = True,
+        seconds: dict[str, float] | None = None,
+    ) -> float:
         """Seconds of one iteration; ``with_moves=False`` gives a cheap lower bound (a reallocation
-        only ever delays other calls)."""
-        seconds = self.durations(calls, with_moves)
+        only ever delays other calls). ``seconds``: ``durations(calls, with_moves)`` when known."""
+        seconds = self.durations(calls, with_moves) if seconds is None else seconds
         atoms = self._atoms(calls)
         groups = {c: atoms.get(c) or _scheduled_devices(c, atoms) for c in seconds}
         return max(end for _, end in list_schedule(seconds, groups).values())
@@ -844,9 +855,10 @@ class Evaluator:
         worst = float(np.nanmax(peak))
         overflow = max(0.0, worst - self.hw.gpu_memory_bytes)
         seconds = self.durations(calls)
+        period = self.period(calls, seconds=seconds)
         moves = {c: seconds.pop(c) for c in ("realloc_actor", "realloc_critic") if c in seconds}
         return PlanCost(
-            self.period(calls),
+            period,
             seconds,
             {int(d): float(peak[d]) for d in np.flatnonzero(~np.isnan(peak))},
             overflow == 0.0,

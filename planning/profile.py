@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from common import dtypes
+from common.files import atomic_write_text
 from planning.shapes import named_spec
 from reallocation.layout import ModelSpec
 
@@ -434,6 +435,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="tiny,smollm2-135m", help="comma-separated named shapes or HF dirs")
     parser.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda when available")
     parser.add_argument("--check", action="store_true", help="also compare predicted and measured calls on gloo ranks")
+    parser.add_argument("--check-jsonl", default=None, help="with --check: write its rows here, one JSON object a line")
     args = parser.parse_args(argv)
     import torch
 
@@ -455,6 +457,9 @@ def main(argv: list[str] | None = None) -> int:
             f"spearman {result['spearman']:.2f}, median relative error {result['median_relative_error']:.0%} "
             f"over {len(result['rows'])} (call, layout) pairs"
         )
+        if args.check_jsonl:
+            atomic_write_text(Path(args.check_jsonl), "".join(json.dumps(r) + "\n" for r in result["rows"]))
+            print(f"wrote {args.check_jsonl}")
     return 0
 
 

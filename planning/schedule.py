@@ -46,32 +46,36 @@ def list_schedule(
 ) -> dict[str, tuple[float, float]]:
     """Each call's ``(start, end)`` under the module docstring's rule, all devices idle at time 0.
 
-    ``seconds`` and ``devices`` name the calls of this iteration (a subset of ``order``; ``devices``
-    may be any hashable resource ids, e.g. groups of GPUs that every call uses all or none of).
+    ``seconds`` and ``devices`` name the calls of this iteration (a subset of ``order``, which lists
+    every call after its inputs); ``devices`` may be any resource ids, e.g. groups of GPUs that every
+    call uses all or none of.
 
     Worked example: actor_gen on device 0 (1 s), ref_inf on 0 (2 s), critic_inf on 1 (1 s): both
     inference calls become ready at 1 s; ref_inf takes device 0 until 3 s and critic_inf device 1
     until 2 s, at the same moment, neither waiting for the other.
     """
-    pending = [call for call in order if call in seconds]
+    # One scan in priority order per moment suffices: a call's inputs come before it in ``order``, and
+    # a call that starts only makes devices busy (one of 0 s frees them at once).
+    pending = [(c, [i for i in inputs[c] if i in seconds], devices[c], seconds[c]) for c in order if c in seconds]
     busy_until: dict[int, float] = {}
-    start: dict[str, float] = {}
-    end: dict[str, float] = {}
+    times: dict[str, tuple[float, float]] = {}
     now = 0.0
     while pending:
-        started = True
-        while started:  # a call of 0 s ends at once and may let another start at the same moment
-            started = False
-            for call in list(pending):
-                ready = all(end.get(i, now + 1) <= now for i in inputs[call] if i in seconds)
-                if ready and all(busy_until.get(d, 0.0) <= now for d in devices[call]):
-                    start[call], end[call] = now, now + seconds[call]
-                    busy_until.update((d, end[call]) for d in devices[call])
-                    pending.remove(call)
-                    started = True
+        waiting = []
+        for item in pending:
+            call, needs, used, duration = item
+            if all(i in times and times[i][1] <= now for i in needs) and all(
+                busy_until.get(d, 0.0) <= now for d in used
+            ):
+                times[call] = (now, now + duration)
+                for d in used:
+                    busy_until[d] = now + duration
+            else:
+                waiting.append(item)
+        pending = waiting
         if pending:
-            later = [t for t in end.values() if t > now]
+            later = [end for _, end in times.values() if end > now]
             if not later:
-                raise ValueError(f"calls {pending} can never start: their inputs {[inputs[c] for c in pending]}")
+                raise ValueError(f"calls {[c for c, *_ in pending]} can never start: check their inputs")
             now = min(later)
-    return {call: (start[call], end[call]) for call in start}
+    return times
