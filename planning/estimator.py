@@ -161,7 +161,8 @@ class Workload:
     """Optimizer steps per epoch (each a pipeline flush)."""
     old_logprobs_pass: bool = False
     """The PPO ratio's old logprobs come from one more forward of the actor on actor training's
-    layout (realm's runtime does this; ReaL takes them from generation), priced into actor_train."""
+    layout (realm's runtime does this; ReaL takes them from generation): the call ``actor_inf``,
+    scheduled after generation like the other inference calls."""
 
     @property
     def seq_len(self) -> int:
