@@ -24,6 +24,7 @@ Writes the JSON (a list of objects, one per setting) atomically and a PNG of the
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -147,6 +148,7 @@ def _plot(rows: list[dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter
 
     groups = [g for g in GROUPS if any(r["group"] == g for r in rows)]
     sizes = [sum(r["group"] == g for r in rows) for g in groups]
@@ -167,6 +169,9 @@ def _plot(rows: list[dict], path: Path) -> None:
         ax.set_xticks(range(len(members)), labels, fontsize=7)
         ax.set_title(group, fontsize=9)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%.1f×"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%.1f×"))
+        ax.tick_params(axis="y", which="both", labelsize=7)
     axes[0][0].set_ylabel("predicted speedup of the searched plan (×, log)")
     axes[0][0].legend(fontsize=7, loc="upper left")
     fig.suptitle(
@@ -187,7 +192,14 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default=None, help="run settings whose name contains this text")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG and summary from an existing --json")
     args = parser.parse_args()
+    if args.plot_only:
+        rows = json.loads(Path(args.json).read_text())
+        print(table(rows))
+        print("\n".join(group_summary(rows)))
+        _plot(rows, Path(args.json).with_suffix(".png"))
+        return
     from tqdm import tqdm
 
     settings = [s for s in SETTINGS if args.only is None or args.only.lower() in f"{s[0]}+{s[1]} on {s[2]}"]
