@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -32,8 +33,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.files import atomic_write_text  # noqa: E402
 
-# Names the runtime's spans use for the cost model's calls (the grader-only reward is "reward").
-MEASURED_NAME = {"rew_inf": ("rew_inf", "reward")}
+# The runtime's spans that make up a cost-model call (their union): the grader-only reward is "reward";
+# the actor's reallocation ends when the engines have loaded the weights ("realloc_actor_load").
+MEASURED_SPANS = {"rew_inf": ("rew_inf", "reward"), "realloc_actor": ("realloc_actor", "realloc_actor_load")}
+NUM_CORES = os.cpu_count() or 1
+MODEL_CALL = {span: call for call, spans in MEASURED_SPANS.items() for span in spans}
 
 
 def run_config(run_dir: Path) -> Any:
@@ -60,8 +64,10 @@ def measured(run_dir: Path) -> dict[str, Any]:
     spans = []
     for row in timed:
         names = [k[len("call/") : -len("/start_s")] for k in row if k.startswith("call/") and k.endswith("/start_s")]
-        for name in names:
-            calls.setdefault(name, []).append(row[f"call/{name}/end_s"] - row[f"call/{name}/start_s"])
+        for name in {MODEL_CALL.get(n, n) for n in names}:
+            parts = [n for n in MEASURED_SPANS.get(name, (name,)) if n in names]
+            end = max(row[f"call/{n}/end_s"] for n in parts)
+            calls.setdefault(name, []).append(end - min(row[f"call/{n}/start_s"] for n in parts))
         spans.append(max(row[f"call/{n}/end_s"] for n in names) - min(row[f"call/{n}/start_s"] for n in names))
     return {
         "iterations": [r["iteration"] for r in timed],
@@ -71,7 +77,7 @@ def measured(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def compare(run_dir: Path, profile: Any) -> dict[str, Any]:
+def compare(name: str, run_dir: Path, profile: Any) -> dict[str, Any]:
     """One row: the run's plan, its measured and predicted iteration and calls."""
     from planning.estimator import estimate_plan, hardware, iteration_schedule
     from planning.execution_plan import ExecutionPlan
@@ -83,20 +89,24 @@ def compare(run_dir: Path, profile: Any) -> dict[str, Any]:
     w = workload(cfg, specs)
     hw = hardware("cpu", cfg.cluster.num_nodes, cfg.cluster.devices_per_node, profile)
     cost, schedule = estimate_plan(plan, w, hw), iteration_schedule(plan, w, hw)
+    # The cost model gives every device its own core; here the devices share the machine's cores, so
+    # the iteration takes at least its device-seconds over the cores (a diagnostic, not the model).
+    device_seconds = sum((c.end - c.start) * len(c.devices) for c in schedule.calls.values())
     got = measured(run_dir)
-    calls = {}
-    for name, call in schedule.calls.items():
-        seen = next((got["calls"][m] for m in MEASURED_NAME.get(name, (name,)) if m in got["calls"]), None)
-        calls[name] = {"predicted_s": call.end - call.start, "measured_s": seen}
+    calls = {
+        name: {"predicted_s": call.end - call.start, "measured_s": got["calls"].get(name)}
+        for name, call in schedule.calls.items()
+    }
     load = run_dir / "load.json"
     return {
-        "run": run_dir.name,
+        "run": name,
         "plan": plan.source,
         "cluster": f"{plan.num_nodes}x{plan.gpus_per_node}",
         "workload": f"{w.batch} x ({w.prompt_len} + {w.gen_len}) tokens, {cfg.model.name}",
         "measured_iteration_s": got["iteration_s"],
         "measured_calls_span_s": got["calls_span_s"],
         "predicted_iteration_s": cost.seconds_per_iteration,
+        "predicted_cores_bound_s": max(cost.seconds_per_iteration, device_seconds / NUM_CORES),
         "measured_iterations": got["iterations"],
         "calls": calls,
         "predicted_order": schedule.order(),
@@ -109,14 +119,15 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     median of measured over predicted seconds."""
     from planning.profile import spearman
 
-    predicted = [r["predicted_iteration_s"] for r in rows]
-    out: dict[str, Any] = {"num_plans": len(rows)}
-    for key in ("measured_iteration_s", "measured_calls_span_s"):
-        truth = [r[key] for r in rows]
-        out[key] = {
-            "median_relative_error": statistics.median(abs(p - m) / m for p, m in zip(predicted, truth)),
-            "spearman": spearman(predicted, truth),
-        }
+    out: dict[str, Any] = {"num_plans": len(rows), "num_cores": NUM_CORES}
+    for guess in ("predicted_iteration_s", "predicted_cores_bound_s"):
+        predicted = [r[guess] for r in rows]
+        for key in ("measured_iteration_s", "measured_calls_span_s"):
+            truth = [r[key] for r in rows]
+            out[f"{guess} vs {key}"] = {
+                "median_relative_error": statistics.median(abs(p - m) / m for p, m in zip(predicted, truth)),
+                "spearman": spearman(predicted, truth),
+            }
     ratios: dict[str, list[float]] = {}
     for r in rows:
         for name, c in r["calls"].items():
@@ -129,22 +140,24 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", required=True, help="PROFILE.json from python -m planning.profile")
-    parser.add_argument("--runs", nargs="+", required=True, help="train.py run directories")
+    parser.add_argument("--runs", nargs="+", required=True, help="train.py run directories, each DIR or NAME=DIR")
     parser.add_argument("--jsonl", default=None, help="write one row per run and a summary row here")
     args = parser.parse_args(argv)
     from planning.profile import Profile
 
     profile = Profile.load(args.profile)
-    rows = [compare(Path(d), profile) for d in args.runs]
+    named = [run.split("=", 1) if "=" in run else (Path(run).name, run) for run in args.runs]
+    rows = [compare(name, Path(d), profile) for name, d in named]
     for r in rows:
         print(
-            f"{r['run']:<28} {r['plan']:<28} {r['cluster']:<4} measured {r['measured_iteration_s']:7.2f} s "
-            f"(calls {r['measured_calls_span_s']:7.2f} s)  predicted {r['predicted_iteration_s']:7.2f} s"
+            f"{r['run']:<16} {r['plan']:<24} {r['cluster']:<4} measured {r['measured_iteration_s']:7.2f} s "
+            f"(calls {r['measured_calls_span_s']:7.2f} s)  predicted {r['predicted_iteration_s']:7.2f} s "
+            f"(cores-bound {r['predicted_cores_bound_s']:7.2f} s)"
         )
     result = summary(rows)
-    for key in ("measured_iteration_s", "measured_calls_span_s"):
-        s = result[key]
-        print(f"{key}: median relative error {s['median_relative_error']:.0%}, spearman {s['spearman']:.2f}")
+    for key, s in result.items():
+        if isinstance(s, dict) and "spearman" in s:
+            print(f"{key}: median relative error {s['median_relative_error']:.0%}, spearman {s['spearman']:.2f}")
     print(
         "measured / predicted by call: "
         + ", ".join(f"{n} {v:.2f}" for n, v in result["measured_over_predicted_by_call"].items())
