@@ -26,6 +26,7 @@ import json
 import os
 import statistics
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -54,21 +55,42 @@ def run_config(run_dir: Path) -> Any:
         return to_train_config(compose(config_name="train", overrides=overrides))
 
 
+def longest_prompt(cfg: Any) -> int:
+    """Tokens of the longest training prompt as the run renders it: the runtime trims each micro-batch's
+    padding to its longest row, while the cost model prices ``rollout.max_prompt_tokens``."""
+    from transformers import AutoTokenizer
+
+    from trainer.loop import load_data, render_prompts, resolve_model_dir
+
+    problems, _ = load_data(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_dir(cfg.model))
+    _, prompt_tokens = render_prompts(cfg, tokenizer, problems)
+    return max(len(ids) for ids in prompt_tokens.values())
+
+
 def measured(run_dir: Path) -> dict[str, Any]:
     """Medians over the timed iterations after the first: iteration, calls' span, each call's span."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     timed = [r for r in rows if "time/iteration" in r][1:]
     if not timed:
         raise ValueError(f"{run_dir}/metrics.jsonl: needs at least 2 timed iterations (the first is warm-up)")
+    from planning.schedule import CALL_INPUTS
+
     calls: dict[str, list[float]] = {}
     spans = []
     for row in timed:
         names = [k[len("call/") : -len("/start_s")] for k in row if k.startswith("call/") and k.endswith("/start_s")]
+        start, end = {}, {}
         for name in {MODEL_CALL.get(n, n) for n in names}:
             parts = [n for n in MEASURED_SPANS.get(name, (name,)) if n in names]
-            end = max(row[f"call/{n}/end_s"] for n in parts)
-            calls.setdefault(name, []).append(end - min(row[f"call/{n}/start_s"] for n in parts))
-        spans.append(max(row[f"call/{n}/end_s"] for n in names) - min(row[f"call/{n}/start_s"] for n in names))
+            start[name] = min(row[f"call/{n}/start_s"] for n in parts)
+            end[name] = max(row[f"call/{n}/end_s"] for n in parts)
+        for name in start:
+            # From when its inputs were done: the runtime submits a call early, and a device that
+            # is ready first waits inside it for the others.
+            ready = max([end[i] for i in CALL_INPUTS.get(name, ()) if i in end], default=start[name])
+            calls.setdefault(name, []).append(end[name] - max(start[name], ready))
+        spans.append(max(end.values()) - min(start.values()))
     return {
         "iterations": [r["iteration"] for r in timed],
         "iteration_s": statistics.median(r["time/iteration"] for r in timed),
@@ -89,12 +111,19 @@ def compare(name: str, run_dir: Path, profile: Any) -> dict[str, Any]:
     w = workload(cfg, specs)
     hw = hardware("cpu", cfg.cluster.num_nodes, cfg.cluster.devices_per_node, profile)
     cost, schedule = estimate_plan(plan, w, hw), iteration_schedule(plan, w, hw)
+    prompt_len = longest_prompt(cfg)
+    at_run_lengths = estimate_plan(plan, replace(w, prompt_len=prompt_len), hw).seconds_per_iteration
+    short = iteration_schedule(plan, replace(w, prompt_len=prompt_len), hw).calls
     # The cost model gives every device its own core; here the devices share the machine's cores, so
     # the iteration takes at least its device-seconds over the cores (a diagnostic, not the model).
     device_seconds = sum((c.end - c.start) * len(c.devices) for c in schedule.calls.values())
     got = measured(run_dir)
     calls = {
-        name: {"predicted_s": call.end - call.start, "measured_s": got["calls"].get(name)}
+        name: {
+            "predicted_s": call.end - call.start,
+            "predicted_at_longest_prompt_s": short[name].end - short[name].start,
+            "measured_s": got["calls"].get(name),
+        }
         for name, call in schedule.calls.items()
     }
     load = run_dir / "load.json"
@@ -107,6 +136,8 @@ def compare(name: str, run_dir: Path, profile: Any) -> dict[str, Any]:
         "measured_calls_span_s": got["calls_span_s"],
         "predicted_iteration_s": cost.seconds_per_iteration,
         "predicted_cores_bound_s": max(cost.seconds_per_iteration, device_seconds / NUM_CORES),
+        "longest_prompt_tokens": prompt_len,
+        "predicted_at_longest_prompt_s": at_run_lengths,
         "measured_iterations": got["iterations"],
         "calls": calls,
         "predicted_order": schedule.order(),
@@ -120,7 +151,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
     from planning.profile import spearman
 
     out: dict[str, Any] = {"num_plans": len(rows), "num_cores": NUM_CORES}
-    for guess in ("predicted_iteration_s", "predicted_cores_bound_s"):
+    for guess in ("predicted_iteration_s", "predicted_cores_bound_s", "predicted_at_longest_prompt_s"):
         predicted = [r[guess] for r in rows]
         for key in ("measured_iteration_s", "measured_calls_span_s"):
             truth = [r[key] for r in rows]
@@ -128,12 +159,13 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "median_relative_error": statistics.median(abs(p - m) / m for p, m in zip(predicted, truth)),
                 "spearman": spearman(predicted, truth),
             }
-    ratios: dict[str, list[float]] = {}
-    for r in rows:
-        for name, c in r["calls"].items():
-            if c["measured_s"] is not None and c["predicted_s"] > 0:
-                ratios.setdefault(name, []).append(c["measured_s"] / c["predicted_s"])
-    out["measured_over_predicted_by_call"] = {n: statistics.median(v) for n, v in sorted(ratios.items())}
+    for guess in ("predicted_s", "predicted_at_longest_prompt_s"):
+        ratios: dict[str, list[float]] = {}
+        for r in rows:
+            for name, c in r["calls"].items():
+                if c["measured_s"] is not None and c[guess] > 0:
+                    ratios.setdefault(name, []).append(c["measured_s"] / c[guess])
+        out[f"measured_over_{guess}_by_call"] = {n: statistics.median(v) for n, v in sorted(ratios.items())}
     return out
 
 
@@ -152,16 +184,16 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{r['run']:<16} {r['plan']:<24} {r['cluster']:<4} measured {r['measured_iteration_s']:7.2f} s "
             f"(calls {r['measured_calls_span_s']:7.2f} s)  predicted {r['predicted_iteration_s']:7.2f} s "
-            f"(cores-bound {r['predicted_cores_bound_s']:7.2f} s)"
+            f"(cores-bound {r['predicted_cores_bound_s']:7.2f} s, at the longest prompt "
+            f"{r['predicted_at_longest_prompt_s']:7.2f} s)"
         )
     result = summary(rows)
     for key, s in result.items():
         if isinstance(s, dict) and "spearman" in s:
             print(f"{key}: median relative error {s['median_relative_error']:.0%}, spearman {s['spearman']:.2f}")
-    print(
-        "measured / predicted by call: "
-        + ", ".join(f"{n} {v:.2f}" for n, v in result["measured_over_predicted_by_call"].items())
-    )
+    for guess in ("predicted_s", "predicted_at_longest_prompt_s"):
+        ratios = result[f"measured_over_{guess}_by_call"]
+        print(f"measured / {guess} by call: " + ", ".join(f"{n} {v:.2f}" for n, v in ratios.items()))
     if args.jsonl:
         lines = [json.dumps(r) for r in rows] + [json.dumps({"summary": result})]
         atomic_write_text(Path(args.jsonl), "\n".join(lines) + "\n")
