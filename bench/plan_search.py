@@ -12,6 +12,12 @@ search gets a budget of this process's CPU time (``--seconds``), so results do n
 busy the shared machine is. All iteration times are the estimator's predictions, computed in the
 same run; none is a GPU measurement.
 
+The settings are reported in three groups (7B-34B; 70B; long context), each with the searched plan's
+mean speedup over ReaL-Heuristic beside the ReaL paper's measured figures (+26% on average over its
+heuristic, v1 abstract; +81% at long context, v2). ReaL-Heuristic gets ReaL's placement rule and,
+for the micro-batches and checkpointing the rule leaves open, each call's fastest that fits alone
+(``planning.builders.real_heuristic_plan``), not ReaL's defaults; its plan is in the JSON.
+
 Writes the JSON (a list of objects, one per setting) atomically and a PNG of the speedups next to it.
 """
 
@@ -19,14 +25,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from common.files import atomic_save_figure, atomic_write_json  # noqa: E402
 from planning.estimator import Workload, hardware  # noqa: E402
 from planning.search import search  # noqa: E402
 from planning.shapes import named_spec  # noqa: E402
@@ -44,6 +49,19 @@ SETTINGS = [
     ("7b", "7b", 16, 2048),
 ]
 BASELINE_LABELS = {"real_heuristic": "ReaL-Heuristic", "symmetric": "symmetric", "disjoint": "disjoint"}
+GROUPS = {
+    "7B-34B": "ReaL reports +26% on average over its heuristic (v1 abstract; measured)",
+    "70B": "ReaL reports +26% on average over its heuristic (v1 abstract, all sizes; measured)",
+    "long context": "ReaL reports +81% on average over its heuristic at long context (v2; measured)",
+}
+"""Each group of settings, and the ReaL paper's figure it is read beside."""
+
+
+def group_of(actor: str, gen_len: int) -> str:
+    """The settings' group: long context (generation 2048), 70B actors, or 7B-34B actors."""
+    if gen_len > 896:
+        return "long context"
+    return "70B" if actor == "70b" else "7B-34B"
 
 
 def run_setting(actor: str, critic: str, num_gpus: int, gen_len: int, seconds: float, seed: int) -> dict:
@@ -52,6 +70,7 @@ def run_setting(actor: str, critic: str, num_gpus: int, gen_len: int, seconds: f
     report = search(w, hw, seconds_budget=seconds, seed=seed, clock=time.process_time)
     row = {
         "setting": f"{actor.upper()}+{critic.upper()} on {num_gpus} GPUs, gen {gen_len}",
+        "group": group_of(actor, gen_len),
         "actor": actor,
         "critic": critic,
         "num_gpus": num_gpus,
@@ -65,6 +84,8 @@ def run_setting(actor: str, critic: str, num_gpus: int, gen_len: int, seconds: f
         "started_from": report.start,
         "plan": report.plan.to_dict()["calls"],
     }
+    heuristic = report.baselines["real_heuristic"][0]
+    row["real_heuristic_plan"] = None if heuristic is None else heuristic.to_dict()["calls"]
     for name in BASELINE_LABELS:
         cost = report.baselines[name][1]
         if cost is not None and cost.fits:
@@ -80,13 +101,34 @@ def _fmt(value: float | None, spec: str) -> str:
     return "oom" if value is None else format(value, spec)
 
 
+def group_summary(rows: list[dict]) -> list[str]:
+    """Per group: the searched plan's mean speedup over ReaL-Heuristic (the arithmetic mean of the
+    speedups, minus 1, over the settings where ReaL-Heuristic fits) and its range, beside ReaL's figure."""
+    lines = []
+    for group, paper in GROUPS.items():
+        speedups = [r["speedup_vs_real_heuristic"] for r in rows if r["group"] == group]
+        fitting = [s for s in speedups if s is not None]
+        if not speedups:
+            continue
+        if not fitting:
+            lines.append(f"{group}: ReaL-Heuristic does not fit in any setting; {paper}")
+            continue
+        mean = sum(fitting) / len(fitting)
+        lines.append(
+            f"{group}: searched plan {mean - 1:+.0%} on average over ReaL-Heuristic "
+            f"({min(fitting):.2f}-{max(fitting):.2f}x over {len(fitting)} of {len(speedups)} settings, "
+            f"predicted); {paper}"
+        )
+    return lines
+
+
 def table(rows: list[dict]) -> str:
     header = (
         "| setting | ReaL-Heuristic s | symmetric s | disjoint s | search s | × ReaL-Heuristic | × symmetric "
         "| × disjoint | search CPU s |"
     )
     lines = [header, "|" + "---|" * 9]
-    for r in rows:
+    for r in sorted(rows, key=lambda r: list(GROUPS).index(r["group"])):
         cells = [r["setting"]] + [_fmt(r[f"{n}_s_per_iteration"], ".1f") for n in BASELINE_LABELS]
         cells.append(f"{r['search_s_per_iteration']:.1f}")
         cells += [_fmt(r[f"speedup_vs_{n}"], ".2f") for n in BASELINE_LABELS]
@@ -95,41 +137,48 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _write(rows: list[dict], path: str) -> None:
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        json.dump(rows, f, indent=2)
-    os.replace(tmp, out)
+PAPER_SPEEDUP = {"7B-34B": 1.26, "70B": 1.26, "long context": 1.81}
+"""The ReaL paper's measured mean speedup over its heuristic, drawn beside each group."""
 
 
 def _plot(rows: list[dict], path: Path) -> None:
+    """One panel per group of settings: the searched plan's predicted speedup over each baseline, and
+    the ReaL paper's measured mean over its heuristic as a dashed line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter
 
-    fig, ax = plt.subplots(figsize=(11, 4.5))
+    groups = [g for g in GROUPS if any(r["group"] == g for r in rows)]
+    sizes = [sum(r["group"] == g for r in rows) for g in groups]
+    fig, axes = plt.subplots(1, len(groups), figsize=(12, 4.8), sharey=True, width_ratios=sizes, squeeze=False)
     width = 0.27
-    for k, (name, label) in enumerate(BASELINE_LABELS.items()):
-        values = [r[f"speedup_vs_{name}"] or float("nan") for r in rows]
-        bars = ax.bar([i + (k - 1) * width for i in range(len(rows))], values, width, label=f"search vs {label}")
-        for bar, r in zip(bars, rows):
-            if r[f"speedup_vs_{name}"] is None:
-                ax.text(bar.get_x() + width / 2, 1.05, "oom", ha="center", va="bottom", rotation=90, fontsize=7)
-    ax.axhline(1.0, color="grey", lw=0.8)
-    ax.set_yscale("log")
-    ax.set_xticks(
-        range(len(rows)), [r["setting"].replace(" on ", "\n").replace(", gen", "\ngen") for r in rows], fontsize=7
+    for ax, group in zip(axes[0], groups):
+        members = [r for r in rows if r["group"] == group]
+        for k, (name, label) in enumerate(BASELINE_LABELS.items()):
+            values = [r[f"speedup_vs_{name}"] or float("nan") for r in members]
+            xs = [i + (k - 1) * width for i in range(len(members))]
+            bars = ax.bar(xs, values, width, label=f"search vs {label}", color=f"C{k}")
+            for bar, r in zip(bars, members):
+                if r[f"speedup_vs_{name}"] is None:
+                    ax.text(bar.get_x() + width / 2, 1.05, "oom", ha="center", va="bottom", rotation=90, fontsize=7)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.axhline(PAPER_SPEEDUP[group], color="C0", lw=1.0, ls="--", label="ReaL paper: over its heuristic (measured)")
+        labels = [r["setting"].replace(" on ", "\n").replace(", gen", "\ngen") for r in members]
+        ax.set_xticks(range(len(members)), labels, fontsize=7)
+        ax.set_title(group, fontsize=9)
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%.1f×"))
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%.1f×"))
+        ax.tick_params(axis="y", which="both", labelsize=7)
+    axes[0][0].set_ylabel("predicted speedup of the searched plan (×, log)")
+    axes[0][0].legend(fontsize=7, loc="upper left")
+    fig.suptitle(
+        "Plan search vs baselines (estimator predictions, A100-80GB nodes, batch 512, prompt 128)", fontsize=10
     )
-    ax.set_ylabel("predicted speedup of the searched plan (×, log)")
-    ax.set_title("Plan search vs baselines (estimator predictions, A100-80GB nodes, batch 512, prompt 128)")
-    ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=120)
-    os.replace(tmp, path)
+    atomic_save_figure(fig, path, dpi=120)
 
 
 def main() -> None:
@@ -143,7 +192,14 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--only", default=None, help="run settings whose name contains this text")
+    parser.add_argument("--plot-only", action="store_true", help="redraw the PNG and summary from an existing --json")
     args = parser.parse_args()
+    if args.plot_only:
+        rows = json.loads(Path(args.json).read_text())
+        print(table(rows))
+        print("\n".join(group_summary(rows)))
+        _plot(rows, Path(args.json).with_suffix(".png"))
+        return
     from tqdm import tqdm
 
     settings = [s for s in SETTINGS if args.only is None or args.only.lower() in f"{s[0]}+{s[1]} on {s[2]}"]
@@ -151,8 +207,9 @@ def main() -> None:
     for actor, critic, num_gpus, gen_len in tqdm(settings, desc="settings", unit="setting"):
         budget = args.seconds * (3 if actor == critic == "70b" else 1)
         rows.append(run_setting(actor, critic, num_gpus, gen_len, budget, args.seed))
-        _write(rows, args.json)
+        atomic_write_json(Path(args.json), rows)
     print(table(rows))
+    print("\n".join(group_summary(rows)))
     _plot(rows, Path(args.json).with_suffix(".png"))
     print(f"wrote {args.json} and {Path(args.json).with_suffix('.png')}")
 

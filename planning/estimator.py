@@ -1,6 +1,6 @@
 """Execution-plan cost model (ReaL-style): time and memory of each PPO call under a
 ``CallAllocation``, the cost of moving parameters between two allocations, and a whole plan's
-iteration time (``estimate_plan``).
+iteration (``estimate_plan``; ``iteration_schedule`` gives each call's predicted start and end).
 
 The per-call model is analytic unless ``Hardware.profile`` holds measured per-layer costs
 (``planning.profile``); see ../shared/reference/real-reallocation.md §4 for what ReaL profiles.
@@ -10,22 +10,31 @@ The per-call model is analytic unless ``Hardware.profile`` holds measured per-la
   micro-batch gives a GPU few tokens; pipeline bubble ``(pp - 1 + mb) / mb``; a call's ``mb``
   micro-batches split its whole batch (the runtime cuts each PPO minibatch into its share of them);
 - tensor parallel: two ring all-reduces of the activations per layer and pass, plus a latency
-  each (decode steps are latency bound);
-- FSDP (training ``dp``): each micro-batch all-gathers the weights for forward and backward and
-  the step reduce-scatters the gradients, overlapped with compute (time = max of the two);
-- generation: ``num_microbatches`` waves of ``batch / (dp * mb)`` sequences per replica (fewer
-  KV-cache bytes, more weight reads); prefill is compute bound; a decode step reads the local
-  weights and KV cache or computes, whichever is slower; pipeline stages run in turn, waves
-  overlap across stages;
+  each, over a pipeline stage's ``num_layers / pp`` layers for each micro-batch;
+- pipeline sends: only the fill (and, for gradients, the drain) pays them, ``pp - 1`` hops of one
+  micro-batch per flush; the others overlap with compute;
+- FSDP (training ``dp``, and forwards on training shards): each micro-batch all-gathers the
+  weights for forward and backward and the step reduce-scatters the gradients, overlapped with
+  compute (time = max of the two);
+- generation (``_generate_seconds``): a replica's sequences in ``num_microbatches`` groups,
+  ``min(num_microbatches, pp)`` of them in flight at once (vLLM's pipeline engine keeps at most pp
+  batches in flight), ReaL's generate schedule of ``gen_len * max(g, pp) + g - 1`` pipeline slots
+  per wave of g groups, each slot one stage's 1/pp share of the model's work on one group; prefill is
+  compute bound; a decode step reads the local weights and KV cache or computes, whichever is slower;
 - memory per GPU (``call_memory``): resident bytes (training: bf16 weights + fp32 master, grads,
   Adam = 18 B/param over FSDP, 16 in a float32 run; frozen ref/reward weights unless ``offload``;
   every value in ``Workload.value_bytes``, the run's compute dtype) and active bytes
   (activations, or full-layer inputs only with checkpointing, logits, KV cache, and the
   call's own copy of a trainable model's weights);
 - offload: frozen weights return from host memory before each call (``host_bytes_per_s``);
-- reallocation (``realloc_seconds``): every destination GPU gets the bytes it lacks from a
-  holder on its own node when one exists (else from any holder, across nodes); a sender pays for
-  every destination it serves (fan-out); the busiest GPU link or node link sets the time.
+- reallocation (``realloc_seconds``), from the training shards to actor_gen's engines and to
+  critic_inf's own replicas, after each training call: every destination GPU gets the bytes it
+  lacks from a holder on its own node when one exists; a node without one pulls each byte across
+  the NIC once and passes it on to its GPUs that need the same box; a sender pays for every
+  destination it serves inside a node (fan-out); the busiest GPU link plus the busiest node link
+  set the time;
+- the iteration: its calls list-scheduled by readiness, the rule the runtime dispatches by
+  (``planning.schedule``).
 
 Numbers are for ranking plans, not for predicting wall time to the second.
 """
@@ -33,7 +42,7 @@ Numbers are for ranking plans, not for predicting wall time to the second.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import TYPE_CHECKING
@@ -41,6 +50,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from planning.execution_plan import CALL_KIND, CALL_MODEL, GENERATE, INFERENCE, TRAIN, CallAllocation, ExecutionPlan
+from planning.schedule import CALL_ORDER, list_schedule
 from reallocation.layout import ROW, ModelSpec
 
 if TYPE_CHECKING:
@@ -158,7 +168,8 @@ class Workload:
     """Optimizer steps per epoch (each a pipeline flush)."""
     old_logprobs_pass: bool = False
     """The PPO ratio's old logprobs come from one more forward of the actor on actor training's
-    layout (realm's runtime does this; ReaL takes them from generation), priced into actor_train."""
+    layout (realm's runtime does this; ReaL takes them from generation): the call ``actor_inf``,
+    scheduled after generation like the other inference calls."""
 
     @property
     def seq_len(self) -> int:
@@ -207,21 +218,22 @@ def _dp_link(alloc: CallAllocation, hw: Hardware) -> float:
 def _tp_comm(
     spec: ModelSpec,
     alloc: CallAllocation,
-    tokens_per_replica: float,
+    tokens: float,
     num_collectives: int,
     hw: Hardware,
     value_bytes: int = BYTES,
 ) -> float:
-    """Ring all-reduces of ``tokens_per_replica`` activations, ``num_collectives`` per layer."""
+    """One pipeline stage's ring all-reduces over ``tokens`` activations (one micro-batch):
+    ``num_collectives`` per layer over the stage's ``num_layers / pp`` layers, each a bandwidth term
+    and a latency."""
     if alloc.tp == 1:
         return 0.0
-    volume = 2 * (alloc.tp - 1) / alloc.tp * tokens_per_replica * spec.hidden_size * value_bytes
-    return num_collectives * spec.num_layers * (volume / _tp_link(alloc, hw) + hw.collective_latency_s)
+    volume = 2 * (alloc.tp - 1) / alloc.tp * tokens * spec.hidden_size * value_bytes
+    return num_collectives * spec.num_layers / alloc.pp * (volume / _tp_link(alloc, hw) + hw.collective_latency_s)
 
 
-def _pp_comm(
-    spec: ModelSpec, alloc: CallAllocation, tokens_per_replica: float, passes: int, hw: Hardware, value_bytes: int
-) -> float:
+def _pp_hop(spec: ModelSpec, alloc: CallAllocation, tokens: float, hw: Hardware, value_bytes: int) -> float:
+    """One stage-to-stage send of ``tokens`` activations (each TP rank sends its 1/tp slice); 0 without stages."""
     if alloc.pp == 1:
         return 0.0
     one_node = (
@@ -230,11 +242,7 @@ def _pp_comm(
         == min(alloc.devices) // hw.gpus_per_node
     )
     link = hw.intra_node_bytes_per_s if one_node else hw.inter_node_bytes_per_s / hw.gpus_per_node
-    return (
-        passes
-        * (alloc.pp - 1)
-        * (tokens_per_replica * spec.hidden_size * value_bytes / alloc.tp / link + hw.collective_latency_s)
-    )
+    return tokens * spec.hidden_size * value_bytes / alloc.tp / link + hw.collective_latency_s
 
 
 def _measured(
@@ -248,8 +256,8 @@ def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload,
     """Seconds for ``call`` under ``alloc`` (reallocation and offload reloads excluded).
 
     A training call makes ``w.num_epochs`` passes over its batch, each in ``w.num_minibatches``
-    optimizer steps (a pipeline flush after each); with ``w.old_logprobs_pass`` actor training also
-    carries the forward that computes the ratio's old logprobs on its layout.
+    optimizer steps (a pipeline flush after each). The old logprobs' forward (``w.old_logprobs_pass``)
+    is a call of its own, ``actor_inf`` (``training_layout_forward_seconds``).
     """
     kind = CALL_KIND[call]
     if kind == GENERATE:
@@ -268,8 +276,18 @@ def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload,
         t += steps * _measured("optimizer", spec, 0, alloc, hw) * spec.num_layers / (pp * dp)
     else:  # Adam reads and writes the fp32 state
         t += steps * 2 * n * (w.train_state_bytes - w.value_bytes) / (tp * pp * dp) / hw.hbm_bytes_per_s
-    if call == "actor_train" and w.old_logprobs_pass:
-        t += _passes_seconds(spec, alloc, w, hw, passes=1, flushes=1)
+    return t
+
+
+def training_layout_forward_seconds(spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:
+    """A forward over the whole batch on a training call's shards (``actor_inf``, the old logprobs on
+    actor_train's layout; ``critic_inf`` when it runs on critic_train's shards): the forward of an
+    inference call, with FSDP's all-gather of the weights for each micro-batch overlapped with it."""
+    t = _passes_seconds(spec, alloc, w, hw, passes=1, flushes=1)
+    if alloc.dp > 1:
+        shard = spec.num_params() * w.value_bytes / (alloc.tp * alloc.pp)
+        gathers = alloc.num_microbatches * (alloc.dp - 1) / alloc.dp * shard / _dp_link(alloc, hw)
+        t = max(t, gathers) + hw.collective_latency_s * spec.num_layers * alloc.num_microbatches
     return t
 
 
@@ -277,8 +295,13 @@ def _passes_seconds(
     spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware, *, passes: int, flushes: int
 ) -> float:
     """``passes`` passes over the whole batch (1: a forward; 3: forward and backward; 4: with the
-    forward recomputed) in ``num_microbatches`` micro-batches, the pipeline flushed ``flushes`` times:
-    compute with the pipeline bubble, TP all-reduces and stage-to-stage sends."""
+    forward recomputed) in ``num_microbatches`` micro-batches, the pipeline flushed ``flushes`` times.
+
+    Each stage works on every micro-batch, ``(per_flush + pp - 1) / per_flush`` of that with the
+    bubble: its ``num_layers / pp`` layers' compute and TP all-reduces. Stage-to-stage sends overlap
+    with the other micro-batches' compute except on the pipeline's fill (and drain, for the
+    gradients): ``pp - 1`` hops of one micro-batch per flush and direction.
+    """
     n = spec.num_params()
     mb, pp, dp, tp = alloc.num_microbatches, alloc.pp, alloc.dp, alloc.tp
     tokens = w.batch * w.seq_len
@@ -295,38 +318,85 @@ def _passes_seconds(
         compute = (
             2 * n * tokens * passes / (len(alloc.devices) * hw.peak_flops * _efficiency(tokens_mb / tp, hw)) * bubble
         )
-    t = compute + _tp_comm(spec, alloc, tokens / dp, 2 * passes, hw, w.value_bytes) * bubble
-    return t + _pp_comm(spec, alloc, tokens / dp, 2 if passes > 1 else 1, hw, w.value_bytes)
+    t = compute + _tp_comm(spec, alloc, tokens_mb, 2 * passes, hw, w.value_bytes) * mb * bubble
+    directions = 2 if passes > 1 else 1
+    return t + flushes * directions * (pp - 1) * _pp_hop(spec, alloc, tokens_mb, hw, w.value_bytes)
+
+
+def generation_stage_steps(num_new_tokens: int, num_groups: int, pp: int) -> int:
+    """Pipeline time slots (one stage's work on one group of sequences) to generate ``num_new_tokens``
+    for ``num_groups`` groups through ``pp`` stages: ReaL's generate schedule (ReaLHF
+    ``static_schedule.py``), ``num_new_tokens * max(num_groups, pp) + num_groups - 1``.
+
+    Each token of a group passes the stages in turn; the stages work on the other groups meanwhile,
+    so a round of one token for every group takes ``max(num_groups, pp)`` slots, and the last group
+    starts ``num_groups - 1`` slots after the first. pp = 2, 2 groups, 10 tokens: 10 * 2 + 1 = 21.
+    """
+    return num_new_tokens * max(num_groups, pp) + num_groups - 1
+
+
+def generation_groups_in_flight(alloc: CallAllocation) -> int:
+    """How many of a replica's ``num_microbatches`` groups of sequences its pipeline works on at once.
+
+    vLLM 0.32's engine keeps at most ``pp`` batches in flight (``VllmConfig.max_concurrent_batches``
+    is the pipeline size, ``EngineCore.step_with_batch_queue`` fills that queue), and its scheduler
+    does not put a request into a second batch before the first one's sampled token is back
+    (``Scheduler.schedule``: a running request with no new token is skipped). So at most
+    ``min(num_microbatches, pp)`` groups are in flight; more groups run in waves of that many.
+    """
+    return min(alloc.num_microbatches, alloc.pp)
 
 
 def _generate_seconds(spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:
+    """A replica's ``batch / dp`` sequences in ``num_microbatches`` groups, run as realm's vLLM engine
+    runs them: ``g = generation_groups_in_flight`` groups at a time (waves of g groups), each wave
+    taking ``generation_stage_steps(gen_len, g, pp)`` slots (ReaL's schedule with g micro-batches,
+    which is exactly vLLM's for g <= pp). The first ``g + pp - 1`` slots are prefill (the prompt,
+    and the first new token), the rest single-token decode steps. A slot costs one stage's share,
+    1/pp, of the whole model's work on one group (ReaL's estimator divides per-stage cost by pp),
+    with its TP all-reduces and the send to the next stage.
+
+    Assumes the engine gets the replica's requests in ``num_microbatches`` groups; with pp = 1 this
+    is ``num_microbatches`` waves one after another.
+    """
     n = spec.num_params()
-    mb, pp, dp, tp = alloc.num_microbatches, alloc.pp, alloc.dp, alloc.tp
-    wave = w.batch / (dp * mb)  # sequences per replica per wave
-    prefill_tokens = wave * w.prompt_len
+    mb, pp, tp = alloc.num_microbatches, alloc.pp, alloc.tp
+    group = w.batch / (alloc.dp * mb)  # sequences per group
+    prefill_tokens = group * w.prompt_len
     context = w.prompt_len + w.gen_len / 2
     if hw.profile is not None:
         prefill = _measured("forward", spec, prefill_tokens, alloc, hw, w.prompt_len) * spec.num_layers + _measured(
-            "head_forward", spec, wave, alloc, hw
+            "head_forward", spec, group, alloc, hw
         )
-        stage = (
-            _measured("decode", spec, wave, alloc, hw, context) * spec.num_layers
-            + _measured("head_forward", spec, wave, alloc, hw)
-        ) / pp
+        decode = _measured("decode", spec, group, alloc, hw, context) * spec.num_layers + _measured(
+            "head_forward", spec, group, alloc, hw
+        )
+        prefill_slot, decode_slot = prefill / pp, decode / pp
     else:
-        prefill = 2 * n * prefill_tokens / (tp * hw.peak_flops * _efficiency(prefill_tokens / tp, hw))
+        prefill_slot = 2 * n * prefill_tokens / (tp * pp * hw.peak_flops * _efficiency(prefill_tokens / tp, hw))
         weights = n * w.value_bytes / (tp * pp)
-        kv_avg = _kv_bytes(spec, alloc, wave, context, w.value_bytes)
-        stage = max((weights + kv_avg) / hw.hbm_bytes_per_s, 2 * n * wave / (tp * pp * hw.peak_flops * hw.mfu))
-    prefill += _tp_comm(spec, alloc, prefill_tokens, 2, hw, w.value_bytes)
-    stage += _tp_comm(spec, alloc, wave, 2, hw, w.value_bytes) / pp + hw.collective_latency_s * (pp > 1)
-    # Waves overlap across pipeline stages: mb waves take (mb + pp - 1) stage-steps per token.
-    decode = w.gen_len * stage * (mb + pp - 1)
-    return prefill * (mb + pp - 1) + decode
+        kv_avg = _kv_bytes(spec, alloc, group, context, w.value_bytes)
+        decode_slot = max((weights + kv_avg) / hw.hbm_bytes_per_s, 2 * n * group / (tp * pp * hw.peak_flops * hw.mfu))
+    prefill_slot += _tp_comm(spec, alloc, prefill_tokens, 2, hw, w.value_bytes)
+    prefill_slot += _pp_hop(spec, alloc, prefill_tokens, hw, w.value_bytes)
+    decode_slot += _tp_comm(spec, alloc, group, 2, hw, w.value_bytes) + _pp_hop(spec, alloc, group, hw, w.value_bytes)
+    in_flight = generation_groups_in_flight(alloc)
+    num_waves = -(-mb // in_flight)
+    prefill_slots = in_flight + pp - 1
+    decode_slots = generation_stage_steps(w.gen_len, in_flight, pp) - prefill_slots
+    return num_waves * (prefill_slots * prefill_slot + decode_slots * decode_slot)
 
 
 def shares_training_layout(call: str, alloc: CallAllocation, train: CallAllocation) -> bool:
-    """True when ``call`` can run on the training copy itself (same GPUs and shards: no FSDP, same pp/tp)."""
+    """For memory: True when ``call`` needs no copy of its model's weights beside the training shards.
+
+    critic_inf: when it has critic_train's devices and layout (``critic_inference_on_training_shards``:
+    the runtime then runs it as a forward on the training shards). actor_gen: the same GPUs and shards
+    with no FSDP and the same pp/tp (the estimator's approximation: vLLM's engine holds its own copy,
+    freed between generations on GPUs).
+    """
+    if call == "critic_inf":
+        return critic_inference_on_training_shards(alloc, train)
     return (
         alloc.devices == train.devices
         and alloc.pp == train.pp
@@ -334,6 +404,15 @@ def shares_training_layout(call: str, alloc: CallAllocation, train: CallAllocati
         and alloc.dp == 1
         and train.dp == 1
     )
+
+
+def critic_inference_on_training_shards(inf: CallAllocation, train: CallAllocation) -> bool:
+    """Whether critic inference runs on critic training's shards (the same devices, as a set, and the
+    same pp, dp and tp): then it is a forward on the FSDP / TP shards, with no copy of its own and no
+    reallocation; otherwise the critic moves to replicas of its own after each training call."""
+    if (inf.pp, inf.dp, inf.tp) != (train.pp, train.dp, train.tp) or len(inf.devices) != len(train.devices):
+        return False
+    return inf.devices == train.devices or sorted(inf.devices) == sorted(train.devices)
 
 
 def call_memory(
@@ -412,7 +491,14 @@ def realloc_seconds(
     hw: Hardware,
     value_bytes: int = BYTES,
 ) -> float:
-    """Seconds to give every GPU of ``dst`` its shard of ``spec`` (``value_bytes`` per value) from the GPUs of ``src``."""
+    """Seconds to give every GPU of ``dst`` its shard of ``spec`` (``value_bytes`` per value) from the GPUs of ``src``.
+
+    Inside a node, each destination GPU pulls what it lacks from the piece's holders there, who share
+    the sending. A node with no holder of a piece pulls each of its bytes across the NIC once: one GPU
+    per distinct destination box receives it and passes it on to the node's replicas of that box
+    (ReaL's broadcast; its cost model charges a destination node once, ReaLHF
+    ``search_engine/param_realloc.py``). Time: the busiest GPU link plus the busiest node link.
+    """
     return _realloc_seconds(spec, _norm_key(src), src_kind == TRAIN, _norm_key(dst), dst_kind == TRAIN, hw, value_bytes)
 
 
@@ -426,6 +512,11 @@ def _realloc_seconds(
     hw: Hardware,
     value_bytes: int,
 ) -> float:
+    """``realloc_seconds`` on normalized allocations (cached).
+
+    Kept whole: one pass over the (destination rank x source piece) overlaps, which the routing rules
+    below split into GPU-link and node-link traffic; split up, each part would need all of them.
+    """
     if src == dst and src_train == dst_train:
         return 0.0
     col, row = _class_bytes(spec, value_bytes)
@@ -449,22 +540,33 @@ def _realloc_seconds(
     has = local >= 0
     overlap[np.flatnonzero(has), local[has]] = 0.0
     g = hw.gpus_per_node
+    d_node, s_node = d_dev // g, s_dev // g
     holders_per_node = np.zeros((num_pieces, hw.num_nodes))
-    np.add.at(holders_per_node, (piece_of_rank, s_dev // g), 1)
-    same_node = holders_per_node[:, d_dev // g].T > 0  # (dst rank, piece)
+    np.add.at(holders_per_node, (piece_of_rank, s_node), 1)
+    same_node = holders_per_node[:, d_node].T > 0  # (dst rank, piece)
     intra, inter = np.where(same_node, overlap, 0.0), np.where(same_node, 0.0, overlap)
-    recv_intra, recv_inter = intra.sum(1), inter.sum(1)
+    sent, received = np.zeros(hw.num_gpus), np.zeros(hw.num_gpus)  # bytes over each GPU's own link
+    # Inside a node: each destination pulls from the piece's holders there, which share the sending.
+    np.add.at(received, d_dev, intra.sum(1))
     node_onehot = np.zeros((len(d_dev), hw.num_nodes))
-    node_onehot[np.arange(len(d_dev)), d_dev // g] = 1
+    node_onehot[np.arange(len(d_dev)), d_node] = 1
     per_piece_node = intra.T @ node_onehot  # bytes piece k sends inside node n, split over its holders there
-    s_node = s_dev // g
-    sent_intra = per_piece_node[piece_of_rank, s_node] / holders_per_node[piece_of_rank, s_node]
-    sent_inter = inter.sum(0)[piece_of_rank] / holders_per_node.sum(1)[piece_of_rank]
-    busiest_gpu = max(np.max(recv_intra, initial=0.0), np.max(sent_intra, initial=0.0))
+    np.add.at(sent, s_dev, per_piece_node[piece_of_rank, s_node] / holders_per_node[piece_of_rank, s_node])
+    # Across nodes: a destination node pulls each byte once (one GPU per distinct destination box
+    # receives it from the NIC), and that GPU passes it on to the node's replicas of its box.
+    d_piece = _piece_ids(dst, dst_train)
+    box_on_node = d_node * (int(d_piece.max()) + 1) + d_piece
+    _, first_of_box, box_index = np.unique(box_on_node, return_index=True, return_inverse=True)
+    first = np.zeros(len(d_dev), dtype=bool)
+    first[first_of_box] = True
+    crossing = np.where(first[:, None], inter, 0.0)
+    copied = np.where(first, 0.0, inter.sum(1))
+    np.add.at(received, d_dev, copied)
+    np.add.at(sent, d_dev[first_of_box[box_index]], copied)
     node_out, node_in = np.zeros(hw.num_nodes), np.zeros(hw.num_nodes)
-    np.add.at(node_out, s_node, sent_inter)
-    np.add.at(node_in, d_dev // g, recv_inter)
-    busiest_node = max(node_out.max(), node_in.max())
+    np.add.at(node_in, d_node, crossing.sum(1))
+    np.add.at(node_out, s_node, crossing.sum(0)[piece_of_rank] / holders_per_node.sum(1)[piece_of_rank])
+    busiest_gpu, busiest_node = max(sent.max(), received.max()), max(node_out.max(), node_in.max())
     moved = busiest_gpu / hw.intra_node_bytes_per_s + busiest_node / hw.inter_node_bytes_per_s
     return float(moved + 10 * hw.collective_latency_s) if moved > 0 else 0.0
 
@@ -480,13 +582,13 @@ def _piece_ids(alloc: CallAllocation, train: bool) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PlanCost:
-    """Predicted cost of one steady-state PPO iteration under a plan."""
+    """Predicted cost of one PPO iteration under a plan."""
 
     seconds_per_iteration: float
-    call_seconds: dict[str, float]  # each call alone (offload reloads included, reallocation not)
+    call_seconds: dict[str, float]  # each call alone (offload reloads included, reallocation not); actor_inf too
     peak_bytes_per_device: dict[int, float]
     fits: bool
-    realloc_seconds: float  # per iteration, both directions, summed over models
+    realloc_seconds: float  # per iteration: realloc_actor + realloc_critic
     overflow_bytes: float = 0.0  # the fullest GPU's excess over its memory (0 when it fits)
 
     @property
@@ -495,20 +597,10 @@ class PlanCost:
 
 
 TRAINED_BY = {"actor_gen": "actor_train", "critic_inf": "critic_train"}
-NUM_SIMULATED_ITERATIONS = 3
+"""The calls that run a trainable model on a layout of their own, and the training call it comes from."""
 
 
-def estimate_plan(plan: ExecutionPlan, workload: Workload, hw: Hardware) -> PlanCost:
-    """List-schedule ``NUM_SIMULATED_ITERATIONS`` PPO iterations of ``plan`` and report the
-    steady-state period (the span from the first iteration's end to the last's, per iteration),
-    so every iteration pays the same reallocations and none is diluted by a cold start.
-
-    Order per iteration: actor_gen -> {rew_inf, ref_inf, critic_inf} -> {actor_train,
-    critic_train}; calls sharing a GPU serialize. actor_gen and critic_inf, when not on their
-    model's training layout, receive the trained weights before they run and hand them back
-    after (ReaL's pre/post ``ParamReallocHook``), each move occupying both meshes.
-    Raises ``PlanError`` when the plan does not match the workload or hardware.
-    """
+def _check_plan(plan: ExecutionPlan, workload: Workload, hw: Hardware) -> None:
     if (plan.num_nodes, plan.gpus_per_node) != (hw.num_nodes, hw.gpus_per_node):
         from planning.execution_plan import PlanError
 
@@ -516,7 +608,79 @@ def estimate_plan(plan: ExecutionPlan, workload: Workload, hw: Hardware) -> Plan
             f"plan is for {plan.num_nodes}x{plan.gpus_per_node} GPUs, hardware has {hw.num_nodes}x{hw.gpus_per_node}"
         )
     plan.validate(workload.specs())
+
+
+def estimate_plan(plan: ExecutionPlan, workload: Workload, hw: Hardware) -> PlanCost:
+    """The predicted time and memory of one PPO iteration of ``plan``.
+
+    The iteration's calls (``planning.schedule``: generation, the four inference calls, both training
+    calls, the reallocations after them) are list-scheduled by the rule the runtime dispatches by
+    (``iteration_schedule`` gives each call's start and end); the iteration lasts until its last call
+    ends. Iterations do not overlap: the driver starts one's generation after the previous one's
+    reallocations. Reallocation goes one way, from the training shards to generation's engines and
+    to critic inference's own replicas (the training shards stay where they are).
+    Raises ``PlanError`` when the plan does not match the workload or hardware.
+    """
+    _check_plan(plan, workload, hw)
     return evaluator(workload, hw).estimate(tuple((c, plan.calls[c]) for c in workload.calls))
+
+
+@dataclass(frozen=True)
+class ScheduledCall:
+    """One call of a predicted iteration: its devices and its start and end (seconds from the iteration's start)."""
+
+    devices: tuple[int, ...]
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class IterationSchedule:
+    """The predicted timeline of one PPO iteration (``iteration_schedule``)."""
+
+    calls: dict[str, ScheduledCall]
+    """Every call of the iteration, in the order they start (ties in ``planning.schedule.CALL_ORDER``)."""
+
+    @property
+    def seconds(self) -> float:
+        return max(c.end for c in self.calls.values())
+
+    def order(self) -> list[str]:
+        """The calls in the order they start."""
+        return list(self.calls)
+
+    def device_order(self) -> dict[int, list[str]]:
+        """Per device, the calls it runs, in order."""
+        out: dict[int, list[str]] = {}
+        for name, call in self.calls.items():
+            for d in call.devices:
+                out.setdefault(d, []).append(name)
+        return dict(sorted(out.items()))
+
+
+def iteration_schedule(plan: ExecutionPlan, workload: Workload, hw: Hardware) -> IterationSchedule:
+    """Each call's predicted start and end in one PPO iteration of ``plan``, and each device's order
+    of calls: what a run's call spans can be compared with.
+
+    The calls (``planning.schedule``) and their inputs: ``actor_gen`` first; ``rew_inf``,
+    ``actor_inf`` (the old logprobs, on actor_train's devices; only with ``workload.old_logprobs_pass``),
+    ``ref_inf``, ``critic_inf`` after actor_gen; ``actor_train`` and ``critic_train`` after all four;
+    ``realloc_actor`` (over actor_train's and actor_gen's devices) after actor_train;
+    ``realloc_critic`` (over critic_train's and critic_inf's devices) after critic_train, only when
+    critic inference has devices or a layout of its own.
+
+    The rule: a device runs one call at a time, and a call holds all its devices from its start to
+    its end. A call starts as soon as its inputs are done and every one of its devices is idle; calls
+    that can start at the same moment start in the priority order actor_gen, rew_inf, actor_inf,
+    ref_inf, critic_inf, actor_train, critic_train, realloc_actor, realloc_critic; a call that cannot
+    start does not hold back a later one whose devices are free (list scheduling, as ReaL's simulator
+    dispatches by ready time). ``estimate_plan``'s iteration time is the last call's end.
+    """
+    _check_plan(plan, workload, hw)
+    seconds, devices = evaluator(workload, hw).scheduled_calls(tuple((c, plan.calls[c]) for c in workload.calls))
+    times = list_schedule(seconds, devices)
+    ordered = sorted(times, key=lambda c: (times[c][0], CALL_ORDER.index(c)))
+    return IterationSchedule({c: ScheduledCall(tuple(sorted(devices[c])), *times[c]) for c in ordered})
 
 
 def _estimate(calls: tuple[tuple[str, CallAllocation], ...], w: Workload, hw: Hardware) -> PlanCost:
@@ -545,7 +709,7 @@ class Evaluator:
         self.w, self.hw = w, hw
         self._facts: dict[tuple, tuple[float, float, float, float]] = {}
         self._by_alloc: dict[tuple[str, int], tuple[CallAllocation, tuple[float, float, float, float]]] = {}
-        self._moves: dict[tuple, tuple[float, float]] = {}
+        self._moves: dict[tuple, float] = {}
         self._index: dict[tuple[int, ...], np.ndarray] = {}
 
     def _shape_key(self, call: str, a: CallAllocation) -> tuple:
@@ -596,20 +760,26 @@ class Evaluator:
         _, resident, active, copy = self.facts(call, a)
         return resident + active + copy <= self.hw.gpu_memory_bytes
 
-    def moves(self, call: str, a: CallAllocation, train: CallAllocation) -> tuple[float, float]:
-        """Seconds to bring ``call``'s model from its training layout and back (0, 0 when shared)."""
-        key = (call, a.devices, a.pp, a.dp, a.tp, train.devices, train.pp, train.dp, train.tp)
+    def training_forward(self, call: str, a: CallAllocation) -> float:
+        """``training_layout_forward_seconds`` of ``call``'s model under ``a`` (cached by identity, then shape)."""
+        hit = self._by_alloc.get((f"{call} on training shards", id(a)))
+        if hit is None:
+            key = ("forward on training shards", *self._shape_key(call, a))
+            out = self._facts.get(key)
+            if out is None:
+                seconds = training_layout_forward_seconds(self.w.spec(call), a, self.w, self.hw)
+                out = self._facts[key] = (seconds, 0.0, 0.0, 0.0)
+            hit = self._by_alloc[f"{call} on training shards", id(a)] = (a, out)
+        return hit[1][0]
+
+    def move(self, model: str, train: CallAllocation, a: CallAllocation) -> float:
+        """Seconds to give the GPUs of ``a`` (actor_gen for the "actor", critic_inf for the "critic")
+        their copy of ``model`` from its training shards on ``train``."""
+        key = (model, a.devices, a.pp, a.dp, a.tp, train.devices, train.pp, train.dp, train.tp)
         out = self._moves.get(key)
         if out is None:
-            if shares_training_layout(call, a, train):
-                out = (0.0, 0.0)
-            else:
-                spec, kind = self.w.spec(call), CALL_KIND[call]
-                out = (
-                    realloc_seconds(spec, train, TRAIN, a, kind, self.hw, self.w.value_bytes),
-                    realloc_seconds(spec, a, kind, train, TRAIN, self.hw, self.w.value_bytes),
-                )
-            self._moves[key] = out
+            spec, kind = (self.w.actor, GENERATE) if model == "actor" else (self.w.critic, INFERENCE)
+            out = self._moves[key] = realloc_seconds(spec, train, TRAIN, a, kind, self.hw, self.w.value_bytes)
         return out
 
     def index(self, a: CallAllocation) -> np.ndarray:
@@ -618,12 +788,42 @@ class Evaluator:
             out = self._index[a.devices] = np.asarray(a.devices)
         return out
 
-    def period(self, calls: tuple[tuple[str, CallAllocation], ...], with_moves: bool = True) -> float:
-        """Steady-state seconds per iteration; ``with_moves=False`` gives a cheap lower bound."""
+    def durations(self, calls: tuple[tuple[str, CallAllocation], ...], with_moves: bool = True) -> dict[str, float]:
+        """Seconds of every call of the iteration (``planning.schedule.CALL_ORDER``) under the plan's
+        ``calls``; ``with_moves=False`` prices the reallocations at 0 s."""
         allocs = dict(calls)
-        seconds = {c: self.facts(c, a)[0] for c, a in calls}
-        moves = {c: self.moves(c, allocs[c], allocs[t]) if with_moves else (0.0, 0.0) for c, t in TRAINED_BY.items()}
-        return _schedule(allocs, seconds, moves, self._atoms(calls))
+        out = {c: self.facts(c, a)[0] for c, a in calls}
+        if self.w.old_logprobs_pass:
+            out["actor_inf"] = self.training_forward("actor_train", allocs["actor_train"])
+        out["realloc_actor"] = self.move("actor", allocs["actor_train"], allocs["actor_gen"]) if with_moves else 0.0
+        if critic_inference_on_training_shards(allocs["critic_inf"], allocs["critic_train"]):
+            out["critic_inf"] = self.training_forward("critic_inf", allocs["critic_inf"])
+        else:
+            out["realloc_critic"] = (
+                self.move("critic", allocs["critic_train"], allocs["critic_inf"]) if with_moves else 0.0
+            )
+        return out
+
+    def scheduled_calls(
+        self, calls: tuple[tuple[str, CallAllocation], ...], with_moves: bool = True
+    ) -> tuple[dict[str, float], dict[str, tuple[int, ...]]]:
+        """Every call of the iteration: its seconds and its devices (``planning.schedule``)."""
+        seconds = self.durations(calls, with_moves)
+        devices = {c: tuple(a.devices) for c, a in calls}
+        return seconds, {c: devices.get(c) or _scheduled_devices(c, devices) for c in seconds}
+
+    def period(
+        self,
+        calls: tuple[tuple[str, CallAllocation], ...],
+        with_moves: bool = True,
+        seconds: dict[str, float] | None = None,
+    ) -> float:
+        """Seconds of one iteration; ``with_moves=False`` gives a cheap lower bound (a reallocation
+        only ever delays other calls). ``seconds``: ``durations(calls, with_moves)`` when known."""
+        seconds = self.durations(calls, with_moves) if seconds is None else seconds
+        atoms = self._atoms(calls)
+        groups = {c: atoms.get(c) or _scheduled_devices(c, atoms) for c in seconds}
+        return max(end for _, end in list_schedule(seconds, groups).values())
 
     def _atoms(self, calls: tuple[tuple[str, CallAllocation], ...]) -> dict[str, list[int]]:
         """Per call, the GPU groups it uses, where a group holds GPUs that every call either uses
@@ -646,61 +846,29 @@ class Evaluator:
         return np.where(used, peak, np.nan)
 
     def estimate(self, calls: tuple[tuple[str, CallAllocation], ...]) -> PlanCost:
-        allocs = dict(calls)
         peak = self.peak(calls)
         worst = float(np.nanmax(peak))
         overflow = max(0.0, worst - self.hw.gpu_memory_bytes)
-        realloc = sum(sum(self.moves(c, allocs[c], allocs[t])) for c, t in TRAINED_BY.items())
+        seconds = self.durations(calls)
+        period = self.period(calls, seconds=seconds)
+        moves = {c: seconds.pop(c) for c in ("realloc_actor", "realloc_critic") if c in seconds}
         return PlanCost(
-            self.period(calls),
-            {c: self.facts(c, a)[0] for c, a in calls},
+            period,
+            seconds,
             {int(d): float(peak[d]) for d in np.flatnonzero(~np.isnan(peak))},
             overflow == 0.0,
-            realloc,
+            sum(moves.values()),
             overflow,
         )
 
 
-def _schedule(
-    allocs: Mapping[str, CallAllocation],
-    seconds: Mapping[str, float],
-    moves: Mapping[str, tuple[float, float]],
-    atoms: Mapping[str, list[int]],
-) -> float:
-    """List scheduling of ``NUM_SIMULATED_ITERATIONS`` iterations over GPU groups (``atoms``);
-    returns the steady-state period."""
-    free = [0.0] * (1 + max(max(a) for a in atoms.values()))
-    done = {"actor_train": 0.0, "critic_train": 0.0}
-    iteration_end = []
-
-    def run(groups: list[int], ready: float, duration: float) -> float:
-        end = max(ready, max(free[g] for g in groups)) + duration
-        for g in groups:
-            free[g] = end
-        return end
-
-    both = {c: sorted(set(atoms[c]) | set(atoms[t])) for c, t in TRAINED_BY.items()}
-    for _ in range(NUM_SIMULATED_ITERATIONS):
-        end: dict[str, float] = {}
-        for call in ("actor_gen", "rew_inf", "ref_inf", "critic_inf"):
-            if call not in allocs:
-                continue
-            ready = end.get("actor_gen", 0.0)
-            if call in TRAINED_BY:
-                there, back = moves[call]
-                ready = max(ready, done[TRAINED_BY[call]])
-                if there:
-                    ready = run(both[call], ready, there)
-                end[call] = run(atoms[call], ready, seconds[call])
-                if back:
-                    end[call] = run(both[call], end[call], back)
-            else:
-                end[call] = run(atoms[call], ready, seconds[call])
-        inputs = max(end.values())
-        for call in ("actor_train", "critic_train"):
-            end[call] = done[call] = run(atoms[call], inputs, seconds[call])
-        iteration_end.append(max(end.values()))
-    return (iteration_end[-1] - iteration_end[0]) / (NUM_SIMULATED_ITERATIONS - 1)
+def _scheduled_devices(call: str, of_plan_call: Mapping[str, Sequence[int]]) -> tuple[int, ...]:
+    """The devices (or device groups) of a call the plan does not name: actor_inf runs on actor_train's,
+    each reallocation on the union of its source's and destination's."""
+    if call == "actor_inf":
+        return tuple(of_plan_call["actor_train"])
+    src, dst = ("actor_train", "actor_gen") if call == "realloc_actor" else ("critic_train", "critic_inf")
+    return tuple(sorted(set(of_plan_call[src]) | set(of_plan_call[dst])))
 
 
 def lifecycle_inputs(w: Workload, hw: Hardware) -> Inputs:

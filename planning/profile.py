@@ -39,11 +39,14 @@ from pathlib import Path
 from typing import Any
 
 from common import dtypes
+from common.files import atomic_write_text
 from planning.shapes import named_spec
 from reallocation.layout import ModelSpec
 
 OPS = ("forward", "train", "optimizer", "decode", "head_forward", "head_train")
-CPU_GRID = dict(batches=(1, 4), seqs=(16, 64), contexts=(32, 128), tps=(1, 2))
+CPU_GRID = dict(batches=(1, 4, 16), seqs=(16, 64, 256), contexts=(32, 128, 512), tps=(1, 2))
+"""Up to 4,096 tokens a layer: CPU runs' calls go far past the grid, and the proportional extrapolation
+from a point this small would carry its fixed per-call overhead along."""
 CUDA_GRID = dict(batches=(1, 8, 32), seqs=(128, 512), contexts=(256, 1024), tps=(1, 2, 4, 8))
 
 
@@ -198,6 +201,8 @@ def _backward_logsumexp(head: Callable[[Any], Any], x: Any) -> None:
 
 
 def _timed(fn: Callable[[], Any], device: str, repeats: int = 3) -> float:
+    """Seconds of ``fn``: the fastest of ``repeats`` runs after a warm-up, the one least disturbed by
+    other jobs sharing the machine (a median still carries their preemptions when most runs are hit)."""
     import torch
 
     fn()  # warm-up
@@ -210,7 +215,7 @@ def _timed(fn: Callable[[], Any], device: str, repeats: int = 3) -> float:
         if device == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - t)
-    return statistics.median(times)
+    return min(times)
 
 
 def measure(
@@ -434,6 +439,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="tiny,smollm2-135m", help="comma-separated named shapes or HF dirs")
     parser.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda when available")
     parser.add_argument("--check", action="store_true", help="also compare predicted and measured calls on gloo ranks")
+    parser.add_argument("--check-jsonl", default=None, help="with --check: write its rows here, one JSON object a line")
     args = parser.parse_args(argv)
     import torch
 
@@ -455,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
             f"spearman {result['spearman']:.2f}, median relative error {result['median_relative_error']:.0%} "
             f"over {len(result['rows'])} (call, layout) pairs"
         )
+        if args.check_jsonl:
+            atomic_write_text(Path(args.check_jsonl), "".join(json.dumps(r) + "\n" for r in result["rows"]))
+            print(f"wrote {args.check_jsonl}")
     return 0
 
 

@@ -423,7 +423,7 @@ def format_report(report: SearchReport, hw: Hardware) -> str:
     ]
     for call, alloc in report.plan.calls.items():
         lines.append(f"  {call:<13} {alloc.describe():<44} {report.cost.call_seconds[call]:8.2f} s")
-    lines.append(f"  reallocation (both ways, per iteration) {report.cost.realloc_seconds:.2f} s")
+    lines.append(f"  reallocation (after training, per iteration) {report.cost.realloc_seconds:.2f} s")
     peaks = report.cost.peak_bytes_per_device
     by_value: dict[str, list[int]] = {}
     for d, v in sorted(peaks.items()):

@@ -17,6 +17,7 @@ from planning.estimator import (
     hardware,
     offload_seconds,
     realloc_seconds,
+    training_layout_forward_seconds,
 )
 from planning.execution_plan import CallAllocation, ExecutionPlan, PlanError
 from planning.search import NoFitError, main, model_shape, search, search_plan
@@ -105,10 +106,10 @@ def test_a_float32_run_is_priced_at_four_bytes_a_value():
     )
 
 
-def test_training_is_priced_per_epoch_and_step_with_the_old_logprobs_forward():
+def test_training_is_priced_per_epoch_and_step_and_the_old_logprobs_forward_is_a_call_of_its_own():
     """On one GPU: 2 epochs of 4 steps cost twice the passes and 8 Adam steps; the old logprobs'
-    forward adds a third of one epoch's 3 passes, to actor training only; pipeline flushes after
-    every minibatch cost bubbles."""
+    forward is actor_inf, a third of one epoch's 3 passes on actor training's layout, not part of
+    actor_train; pipeline flushes after every minibatch cost bubbles."""
     from dataclasses import replace
 
     one, n = CallAllocation(devices=(0,), num_microbatches=8), LLAMA_7B.num_params()
@@ -118,8 +119,14 @@ def test_training_is_priced_per_epoch_and_step_with_the_old_logprobs_forward():
     epochs = replace(PAPER_7B, num_epochs=2, num_minibatches=4)
     assert call_seconds("actor_train", LLAMA_7B, one, epochs, HW) == pytest.approx(2 * passes + 8 * adam)
     old = replace(PAPER_7B, old_logprobs_pass=True)
-    assert call_seconds("actor_train", LLAMA_7B, one, old, HW) == pytest.approx(base + passes / 3)
-    assert call_seconds("critic_train", LLAMA_7B, one, old, HW) == pytest.approx(base)
+    assert call_seconds("actor_train", LLAMA_7B, one, old, HW) == pytest.approx(base)
+    assert training_layout_forward_seconds(LLAMA_7B, one, old, HW) == pytest.approx(passes / 3)
+    plan = ExecutionPlan(1, 8, {c: replace(one, offload=False) for c in PAPER_7B.calls})
+    priced = estimate_plan(plan, old, HW).call_seconds
+    assert (
+        priced["actor_inf"] == pytest.approx(passes / 3)
+        and "actor_inf" not in estimate_plan(plan, PAPER_7B, HW).call_seconds
+    )
     staged = CallAllocation(devices=(0, 1), pp=2, num_microbatches=8)
     flushed = replace(PAPER_7B, num_minibatches=4)  # 2 micro-batches per flush: bubble 3/2, not 9/8
     assert call_seconds("actor_train", LLAMA_7B, staged, flushed, HW) > call_seconds(
@@ -137,24 +144,25 @@ def test_offload_frees_resident_memory_and_costs_a_reload():
     assert offload_seconds(LLAMA_7B, alloc, HW) == 0.0
 
 
-def test_serialized_plan_costs_the_sum_of_its_calls_and_both_moves():
+def test_serialized_plan_costs_the_sum_of_its_calls_and_its_reallocations():
     w = Workload(QWEN_1_5B, QWEN_1_5B, None, batch=64, prompt_len=128, gen_len=128)
     every = tuple(range(8))
     calls = {c: CallAllocation(every, dp=8) for c in w.calls}
     calls["actor_gen"] = CallAllocation(every, dp=2, tp=4)
+    calls["critic_inf"] = CallAllocation(every, dp=4, tp=2)  # a layout of its own: the critic moves there
     plan = ExecutionPlan(1, 8, calls)
     cost = estimate_plan(plan, w, HW)
-    there = realloc_seconds(QWEN_1_5B, calls["actor_train"], "train", calls["actor_gen"], "generate", HW)
-    back = realloc_seconds(QWEN_1_5B, calls["actor_gen"], "generate", calls["actor_train"], "train", HW)
-    critic_there = realloc_seconds(QWEN_1_5B, calls["critic_train"], "train", calls["critic_inf"], "inference", HW)
-    critic_back = realloc_seconds(QWEN_1_5B, calls["critic_inf"], "inference", calls["critic_train"], "train", HW)
-    assert there > 0 and back > 0 and critic_there > 0
-    assert critic_back == 0.0  # every dp8 replica holds the FSDP chunk its GPU trains on
-    assert cost.realloc_seconds == pytest.approx(there + back + critic_there + critic_back)
-    # Every call shares all 8 GPUs, so an iteration is every call plus every move, in every
-    # iteration alike (no cheaper first iteration averaged in).
+    to_engine = realloc_seconds(QWEN_1_5B, calls["actor_train"], "train", calls["actor_gen"], "generate", HW)
+    to_critic_inf = realloc_seconds(QWEN_1_5B, calls["critic_train"], "train", calls["critic_inf"], "inference", HW)
+    assert to_engine > 0 and to_critic_inf > 0
+    # One way only: the training shards stay; generation and critic inference get copies.
+    assert cost.realloc_seconds == pytest.approx(to_engine + to_critic_inf)
+    # Every call shares all 8 GPUs, so an iteration is every call plus every move, one after another.
     assert cost.seconds_per_iteration == pytest.approx(sum(cost.call_seconds.values()) + cost.realloc_seconds)
     assert cost.fits and set(cost.peak_bytes_per_device) == set(every)
+    # Critic inference on critic training's devices and layout runs on the training shards: no move.
+    shared = dict(calls, critic_inf=CallAllocation(every, dp=8))
+    assert estimate_plan(ExecutionPlan(1, 8, shared), w, HW).realloc_seconds == pytest.approx(to_engine)
 
 
 def test_disjoint_calls_overlap():
