@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -167,6 +168,12 @@ def _received(shard: Any) -> torch.Tensor:
         return shard
     rebuild, args = shard
     return rebuild(*args)
+
+
+def prompt_seed(seed: int, prompt_token_ids: Sequence[int]) -> int:
+    """A request seed from the call's seed and the prompt's tokens (stable across processes)."""
+    data = ",".join(str(int(t)) for t in prompt_token_ids).encode()
+    return (seed * 1_000_003 + zlib.crc32(data)) % (1 << 31)
 
 
 def _seed_worker(worker: Any, seed: int) -> None:
@@ -444,15 +451,17 @@ class VLLMEngine:
         logprobs: bool = True,
         stop: Sequence[str] | None = None,
         report: bool = True,
+        seed_per_prompt: bool = False,
     ) -> list[list[Completion]]:
         """For each prompt, ``n`` completions (none with ``report=False``: a tensor-parallel rank other
         than its engine's first runs the same requests, and its identical copy need not travel).
 
         ``prompts``: formatted strings or token-id lists. ``temperature=0`` is greedy (then top_p
         is ignored). ``seed`` (default: the engine's seed) seeds the sampler once per call, so that
-        vLLM samples the whole batch on its batched path (a seed per request puts its sampler on a
-        per-request loop): the same call with the same prompts on the same engine settings draws
-        the same samples, while a prompt's samples now depend on the batch it is in.
+        vLLM samples the whole batch on its batched path: the same call with the same prompts on the
+        same engine settings draws the same samples, while a prompt's samples depend on the batch it
+        is in. ``seed_per_prompt``: each request's generator is seeded from ``seed`` and the prompt's
+        own tokens instead, so its samples do not depend on the batch (vLLM's per-request path).
         """
         from vllm import SamplingParams
 
@@ -463,16 +472,25 @@ class VLLMEngine:
         self.wake_kv_cache()
         greedy = temperature <= 0
         token_prompts = self._token_prompts(prompts)
-        params = SamplingParams(
-            n=n,
-            temperature=0.0 if greedy else temperature,
-            top_p=1.0 if greedy else top_p,
-            max_tokens=max_new_tokens,
-            logprobs=0 if logprobs else None,
-            stop=list(stop) if stop else None,
-        )
-        self.llm.collective_rpc(_seed_worker, args=(self.seed if seed is None else seed,))
-        outputs = self.llm.generate(token_prompts, params, use_tqdm=False)
+        base_seed = self.seed if seed is None else seed
+
+        def params(request_seed: int | None) -> Any:
+            return SamplingParams(
+                n=n,
+                temperature=0.0 if greedy else temperature,
+                top_p=1.0 if greedy else top_p,
+                max_tokens=max_new_tokens,
+                seed=request_seed,
+                logprobs=0 if logprobs else None,
+                stop=list(stop) if stop else None,
+            )
+
+        if seed_per_prompt:
+            per_request = [params(prompt_seed(base_seed, p["prompt_token_ids"])) for p in token_prompts]
+            outputs = self.llm.generate(token_prompts, per_request, use_tqdm=False)
+        else:
+            self.llm.collective_rpc(_seed_worker, args=(base_seed,))
+            outputs = self.llm.generate(token_prompts, params(None), use_tqdm=False)
         if not report:
             return []
         return [[self._completion(c, logprobs) for c in out.outputs] for out in outputs]

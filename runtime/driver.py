@@ -320,14 +320,23 @@ class PlanRuntime:
         except ActorLost as e:
             raise self.lost(e) from None
 
-    def lost(self, error: Any) -> WorkerLost:
+    def _wait_for(self, futures: list[Any], when: str) -> list[Any]:
+        """``pool.wait`` outside a call (``when`` says where: a phase's start, a snapshot)."""
+        from runtime.placement import ActorLost
+
+        try:
+            return self.pool.wait(futures)
+        except ActorLost as e:
+            raise self.lost(e, when) from None
+
+    def lost(self, error: Any, when: str = "between calls") -> WorkerLost:
         """``error`` (``runtime.placement.ActorLost``) as one line: device, what it held, call(s), cause."""
         running = [t.call for t in self.scheduler.tasks if t.started and not t.done and error.device in t.devices]
         held: list[str] = [*roles_on(self.plan, error.device)]
         if error.device in self.plan.calls[Call.actor_gen].devices:
             held.append(ENGINE)
         who = error.companion or "device process"
-        during = f"during {', '.join(running)}" if running else "between calls"
+        during = f"during {', '.join(running)}" if running else when
         return WorkerLost(f"device {error.device} ({who}; holds {', '.join(held)}) died {during}: {error.detail}")
 
     def _split(
@@ -518,18 +527,17 @@ class PlanRuntime:
         """Append what every device holds now ("owner/kind" -> "device" | "host", engines included)."""
         devices = self.pool.devices
         gen = self.plan.calls[Call.actor_gen].devices
-        held = self.pool.wait([self.pool.submit(d, "residency", timed=False) for d in devices])
-        engines = dict(
-            zip(gen, self.pool.wait([self.pool.submit(d, "residency", timed=False, companion=ENGINE) for d in gen]))
-        )
+        when = f"at the start of the {phase} phase"
+        held = self._wait_for([self.pool.submit(d, "residency", timed=False) for d in devices], when)
+        asked = [self.pool.submit(d, "residency", timed=False, companion=ENGINE) for d in gen]
+        engines = dict(zip(gen, self._wait_for(asked, when)))
         for d, h in zip(devices, held):
             engine = {f"engine/{kind}": where for kind, where in engines.get(d, {}).items()}
             self.residency_log.append({"phase": str(phase), "device": d, "held": {**h, **engine}})
 
     def _on_engines(self, method: str, *args: Any) -> None:
-        self.pool.wait(
-            [self.pool.submit(d, method, *args, companion=ENGINE) for d in self.plan.calls[Call.actor_gen].devices]
-        )
+        gen = self.plan.calls[Call.actor_gen].devices
+        self._wait_for([self.pool.submit(d, method, *args, companion=ENGINE) for d in gen], f"in the engines' {method}")
 
     def placement(self) -> dict[str, Any]:
         """Where every device process sits (reported from inside it) and what it hosts."""
@@ -632,7 +640,9 @@ def replica_seed(sampling: Mapping[str, Any], replica: int) -> dict[str, Any]:
     """``sampling`` with the seed of generation replica ``replica``: each replica's sampler draws its own
     numbers (one seed per call and engine; the ranks of one replica share it)."""
     seed = sampling.get("seed")
-    return {**sampling, "seed": None if seed is None else (seed * 1_000_003 + replica) % (1 << 63)}
+    if seed is None or sampling.get("seed_per_prompt"):  # prompts seed their own requests
+        return dict(sampling)
+    return {**sampling, "seed": (seed * 1_000_003 + replica) % (1 << 63)}
 
 
 def split_rows(data: Any, num_parts: int) -> list[Any]:

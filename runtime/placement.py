@@ -49,14 +49,22 @@ class ActorLost(RuntimeError):
 
 
 def exit_detail(error: Exception) -> str:
-    """Ray's account of why an actor's process ended, cut to the line that says it (the signal or exit
-    code when Ray knows it)."""
+    """Ray's account of why an actor's process ended, in one short clause: its exit type and the first
+    sentence of its detail (Ray does not report the signal; a SYSTEM_ERROR exit without a Python error is
+    a kill from outside, such as SIGKILL or the kernel's OOM killer)."""
+    import re
+
     text = str(error)
-    for marker in ("Worker exit detail:", "exit detail:", "signal", "exit code", "SIGKILL", "OOM"):
-        for line in text.splitlines():
-            if marker.lower() in line.lower():
-                return line.strip()[:300]
-    return text.strip().splitlines()[0][:300] if text.strip() else type(error).__name__
+    if isinstance(error, ray.exceptions.OutOfMemoryError) or "running low on memory" in text:
+        return "killed by Ray's memory monitor: the node ran low on memory"
+    kind = re.search(r"Worker exit type: (\w+)", text)
+    detail = re.search(r"Worker exit detail: (.+?\.)(?:\s|$)", text)
+    if kind is None:
+        return text.strip().splitlines()[0][:200] if text.strip() else type(error).__name__
+    said = f"exit type {kind.group(1)}" + (f": {detail.group(1)}" if detail else "")
+    if kind.group(1) == "SYSTEM_ERROR":
+        said += " (no Python error: killed from outside, e.g. SIGKILL or the OOM killer)"
+    return said
 
 
 def _free_port(host: str) -> int:

@@ -10,6 +10,7 @@ After `train.py`, no code sees a DictConfig: components get their own plain data
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 from hydra.core.config_store import ConfigStore
 
@@ -18,6 +19,11 @@ from models.config import ModelConfig
 from planning.config import ClusterConfig
 from ppo.config import PPOConfig, SFTConfig
 from rewards.config import RewardConfig, RewardModelConfig
+
+
+class SeedPer(Enum):
+    call = "call"
+    prompt = "prompt"
 
 
 @dataclass
@@ -32,6 +38,11 @@ class RolloutConfig:
     system_prompt: str = ""
     prompt_suffix: str = ""
     """Appended to each question, e.g. 'Please reason step by step, and put your final answer within \\boxed{}.'"""
+    seed_per: SeedPer = SeedPer.call
+    """How generation is seeded. ``call``: one sampler seed per generate call and engine, so vLLM samples
+    the batch on its batched path; the same run (plan and seed) draws the same samples, but another
+    generation layout (more or fewer engines) draws others. ``prompt``: each prompt's samples seeded from
+    its own tokens, the same under any layout, on vLLM's slower per-request path."""
 
     def __post_init__(self) -> None:
         for name in ("num_prompts", "num_samples_per_prompt", "max_prompt_tokens", "max_new_tokens"):

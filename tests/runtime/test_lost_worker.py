@@ -69,7 +69,7 @@ def test_a_killed_device_process_restarts_from_the_checkpoint_and_ends_as_an_uni
     _kill_a_device_process_once(tmp_path / "killed", proc, after_checkpoint=1)
     out, err = proc.communicate(timeout=1200)
     assert proc.returncode == 0, err[-3000:]
-    assert "[restart 1/1] device 1" in out and "died during" in out
+    assert "[restart 1/1] device 1 (device process; holds " in out and " died " in out
     rows = [json.loads(line) for line in (tmp_path / "killed" / "metrics.jsonl").read_text().splitlines()]
     restarts = [r for r in rows if "restart" in r]
     assert len(restarts) == 1 and restarts[0]["iteration"] == 1 and "device 1" in restarts[0]["reason"]
@@ -83,5 +83,6 @@ def test_without_restarts_the_run_stops_within_a_minute_naming_the_device_call_a
     assert time.time() - killed_at < 60
     assert proc.returncode == 1
     last = err.strip().splitlines()[-1]
-    assert last.startswith("error: device 1 (device process; holds ") and "died during" in last, last
+    assert last.startswith("error: device 1 (device process; holds ") and " died " in last, last
+    assert "killed from outside" in last, last
     assert "Resume with: python train.py" in last and f"hydra.run.dir={tmp_path}" in last, last
