@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # The environment defaults live in one place, common/env.py (tests/conftest.py applies them too).
 eval "$(.venv/bin/python -m common.env)"
 export REALM_CACHE_DIR="${REALM_CACHE_DIR:-$PWD/.cache/realm-test}"
-cmd=(.venv/bin/python -m pytest -p no:cacheprovider "$@")
+cmd=(.venv/bin/python -m pytest -p no:cacheprovider --durations=15 "$@")
 if [ "${REALM_NO_NETNS:-0}" != "1" ] && command -v unshare >/dev/null && unshare -n true 2>/dev/null; then
   echo "[tests] running in a loopback-only network namespace"
   unshare -n bash -c 'ip link set lo up 2>/dev/null || true; exec "$@"' _ "${cmd[@]}"
