@@ -13,21 +13,10 @@ import sys
 import time
 from pathlib import Path
 
+from tests.test_train_smoke import SMALL as SMALL_RUN
+
 ROOT = Path(__file__).resolve().parents[2]
-SMALL = [
-    "sft.num_steps=30",
-    "sft.target_success=0",
-    "rollout.num_prompts=4",
-    "rollout.num_samples_per_prompt=2",
-    "rollout.max_new_tokens=24",
-    "data.synthetic_num_train=64",
-    "data.synthetic_num_heldout=8",
-    "run.eval_every=0",
-    "run.num_heldout_samples=0",
-    "ppo.num_minibatches=2",
-    "run.num_iterations=4",
-    "run.checkpoint_every=1",
-]
+SMALL = [*SMALL_RUN, "run.num_iterations=4", "run.checkpoint_every=1"]
 TIMING = ("time/", "throughput/", "call/")
 
 
