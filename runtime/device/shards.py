@@ -176,7 +176,7 @@ def _plain_head(model: nn.Module) -> nn.Linear | None:
 @contextlib.contextmanager
 def _head_passes_hidden_through(head: nn.Linear):
     """The model's forward returns the final hidden states where it would return logits."""
-    head.forward = _hidden_unchanged  # type: ignore[method-assign]  # an instance attribute shadows nn.Linear's
+    head.forward = _hidden_unchanged  # type: ignore[method-assign,assignment]  # an instance attribute shadows nn.Linear's
     try:
         yield
     finally:
