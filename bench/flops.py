@@ -193,10 +193,13 @@ def work_by_call(
     return out
 
 
-def peak_of(num_cores: int, peak_one: float, peak_all: float, cpu_count: int) -> float:
-    """The matmul peak of ``num_cores`` cores: the all-thread measurement when the call holds them all,
-    else ``num_cores`` x the one-thread one."""
-    return peak_all if num_cores >= cpu_count else num_cores * peak_one
+def peak_of(num_devices: int, threads: int, peak_one: float, peak_all: float, cpu_count: int) -> float:
+    """The matmul peak of a call on ``num_devices`` device processes of ``threads`` torch threads each:
+    separate processes add up (each its own BLAS), so ``num_devices`` x one process's peak; a process's peak
+    is the one-thread measurement, the all-thread one when it holds every core, else ``threads`` x the
+    one-thread one. Two one-thread processes on 2 cores: 2 x the one-thread peak."""
+    per_process = peak_one if threads <= 1 else peak_all if threads >= cpu_count else threads * peak_one
+    return num_devices * per_process
 
 
 def call_report(
@@ -214,7 +217,7 @@ def call_report(
     time went: ``forward_share``, the forwards' CPU time over the cores' time (inference: whole passes;
     training: forwards only), and ``empty_call_s``, the same call on an (almost) empty batch."""
     cores = max(1, num_devices * max(1, work.threads))
-    peak = peak_of(cores, *peaks, os.cpu_count() or cores)
+    peak = peak_of(num_devices, max(1, work.threads), *peaks, os.cpu_count() or cores)
     per_iteration = 1 / max(1, num_iterations)
     flops, total = work.flops * per_iteration, (work.flops + work.padding_flops) * per_iteration
     gflops = flops / 1e9 / seconds if seconds > 0 else 0.0

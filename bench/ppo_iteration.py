@@ -794,9 +794,9 @@ def refresh_fractions(flops: dict) -> dict:
 
     peaks = flops["peaks"]
     for c in flops["calls"].values():
-        c["peak_gflops"] = peak_of(
-            c["cores"], peaks["one_thread_gflops"], peaks["all_threads_gflops"], peaks["threads"]
-        )
+        threads = max(1, c["threads_per_device"])
+        one, everything = peaks["one_thread_gflops"], peaks["all_threads_gflops"]
+        c["peak_gflops"] = peak_of(len(c["devices"]), threads, one, everything, peaks["threads"])
         c["fraction_of_peak"] = c["gflops"] / c["peak_gflops"]
     return flops
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.flops import ModelShape, call_of, call_report, iteration_starts, record_flops, work_by_call
+from bench.flops import ModelShape, call_of, call_report, iteration_starts, peak_of, record_flops, work_by_call
 
 # 1 layer, hidden 4, 2 heads of 2 (q: 4), 1 kv head (k, v: 2 each), MLP 8, vocabulary 10.
 SMALL = ModelShape(num_layers=1, hidden=4, num_heads=2, num_kv_heads=1, head_dim=2, intermediate=8, vocab=10)
@@ -85,3 +85,6 @@ def test_call_report_divides_by_iterations_and_names_the_peak():
     assert report["padding_fraction"] == pytest.approx(704 / (2240 + 704))
     assert report["cores"] == 1 and report["peak_gflops"] == 10.0
     assert report["fraction_of_peak"] == pytest.approx(0.224)
+    # Two one-thread device processes add up (2 x 10), one process on every core gets the all-thread peak.
+    assert call_report(work["ref_inf"], 1, 1e-6, 2, (10.0, 15.0), None)["peak_gflops"] == 20.0
+    assert peak_of(1, 2, 10.0, 15.0, cpu_count=2) == 15.0 and peak_of(1, 2, 10.0, 15.0, cpu_count=4) == 20.0
