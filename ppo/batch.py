@@ -146,9 +146,11 @@ def microbatch_rows(batch: Mapping[str, Tensor], num_microbatches: int) -> list[
 
 
 MICROBATCH_OVERHEAD_TOKENS = 64
-"""The fixed cost of one more forward/backward pass, in tokens' worth of compute: the tiny model (hidden 128)
-ran 1-row micro-batches of 83 tokens at 33 us per token and 4-row ones at 16 us on one core, about 80
-tokens' worth per pass; SmolLM2-135M's per-pass cost is a few tokens' worth."""
+"""The fixed cost of one more forward/backward pass, in tokens' worth of compute, measured on one core
+(``bench/forward_cost.py``, docs/bench/forward_cost_smollm2.json): SmolLM2-135M's 1-row micro-batches of
+118 tokens cost 2.47 ms per token forward and 8.94 forward + backward, 16-row ones 1.90 and 6.10, so a pass
+costs about 35-55 tokens' worth more; the tiny model's 1-row passes (83 tokens) 33 us per token against 16
+at 4 rows, about 80 tokens' worth."""
 
 
 def throughput_microbatches(
