@@ -149,8 +149,7 @@ MICROBATCH_OVERHEAD_TOKENS = 64
 """The fixed cost of one more forward/backward pass, in tokens' worth of compute, measured on one core
 (``bench/forward_cost.py``, docs/bench/forward_cost_smollm2.json): SmolLM2-135M's 1-row micro-batches of
 118 tokens cost 2.47 ms per token forward and 8.94 forward + backward, 16-row ones 1.90 and 6.10, so a pass
-costs about 35-55 tokens' worth more; the tiny model's 1-row passes (83 tokens) 33 us per token against 16
-at 4 rows, about 80 tokens' worth."""
+costs about 35-55 tokens' worth more."""
 
 
 def throughput_microbatches(
