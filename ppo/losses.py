@@ -65,6 +65,121 @@ def entropy_from_logits(logits_BTV: Tensor, temperature: float = 1.0) -> Tensor:
     return torch.logsumexp(logits_BTV, dim=-1) - (probs_BTV * logits_BTV).sum(-1)
 
 
+HEAD_BLOCK_ROWS = 128
+"""Rows of one block of ``head_logprobs``: 128 x 49,152 float32 logits (SmolLM2) are 25 MB, against the
+1.6 GB that 32 rows x 257 response columns take at once."""
+
+
+def head_logprobs(
+    hidden_NH: Tensor,
+    weight_VH: Tensor,
+    tokens_N: Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    block_rows: int = HEAD_BLOCK_ROWS,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probability of each token, and (``with_entropy``) the entropy, under softmax(hidden @ weight^T /
+    temperature), [N] each, float32.
+
+    The numbers of ``logprobs_from_logits`` and ``entropy_from_logits`` on the logits ``F.linear(hidden_NH,
+    weight_VH)``, but the [N, V] float32 logits never exist beyond one block of ``block_rows`` rows: forward
+    and backward go a block at a time, and the backward recomputes a block's logits instead of keeping them.
+    On a CPU the full logits cost more in memory traffic than the LM head costs in FLOPs (SmolLM2-135M, 32
+    rows x 257 columns: 1.6 GB written, read and written again). Differentiable in ``hidden_NH`` and
+    ``weight_VH`` through both outputs. Under autocast the head's matmuls run in the autocast dtype, as
+    ``F.linear`` would; the softmax math is float32 either way.
+
+    Args:
+        hidden_NH: final hidden states of the positions that predict ``tokens_N``, [N, H].
+        weight_VH: the LM head's weight (no bias), [V, H].
+        tokens_N: the token each row predicts, [N] (long).
+        temperature: the sampler's, as in ``logprobs_from_logits``.
+
+    Worked example: hidden [[1, 0]], weight [[1, 0], [0, 0]] -> logits [1, 0]; token 0 has logprob
+    1 - log(e + 1) = -0.3133, and the entropy is log(e + 1) - (e * 1 + 1 * 0) / (e + 1) = 0.5822.
+    """
+    device = hidden_NH.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden_NH.dtype
+    with torch.autocast(device, enabled=False):
+        logprobs_N, entropy_N = _HeadLogprobs.apply(
+            hidden_NH, weight_VH, tokens_N, temperature, with_entropy, block_rows, dtype
+        )
+    return logprobs_N, entropy_N if with_entropy else None
+
+
+def _block_logits(hidden_nH: Tensor, weight_VH: Tensor, temperature: float, dtype: torch.dtype) -> Tensor:
+    """z = F.linear(hidden, weight) / temperature, the head computed in ``dtype`` and z at least float32, [n, V]."""
+    logits = torch.nn.functional.linear(hidden_nH.to(dtype), weight_VH.to(dtype))
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return logits.div_(temperature) if temperature != 1.0 else logits
+
+
+class _HeadLogprobs(torch.autograd.Function):
+    """``head_logprobs``: keeps hidden, weight and tokens for the backward, which recomputes each block's logits."""
+
+    @staticmethod
+    def forward(ctx, hidden_NH, weight_VH, tokens_N, temperature, with_entropy, block_rows, dtype):
+        softmax_dtype = torch.promote_types(dtype, torch.float32)  # float32 for a bf16 / fp16 head
+        logprobs_N = torch.empty(hidden_NH.shape[0], dtype=softmax_dtype, device=hidden_NH.device)
+        entropy_N = torch.zeros_like(logprobs_N)
+        for start in range(0, hidden_NH.shape[0], block_rows):
+            rows = slice(start, start + block_rows)
+            z_nV = _block_logits(hidden_NH[rows], weight_VH, temperature, dtype)
+            lse_n = torch.logsumexp(z_nV, dim=-1)
+            logprobs_N[rows] = z_nV.gather(-1, tokens_N[rows, None])[:, 0] - lse_n
+            if with_entropy:  # the expression of entropy_from_logits, so the same float32 numbers
+                entropy_N[rows] = lse_n - (torch.softmax(z_nV, dim=-1) * z_nV).sum(-1)
+        ctx.save_for_backward(hidden_NH, weight_VH, tokens_N)
+        ctx.temperature, ctx.block_rows, ctx.dtype, ctx.softmax_dtype = temperature, block_rows, dtype, softmax_dtype
+        ctx.set_materialize_grads(False)  # an output left out of the loss gets None, not zeros
+        return logprobs_N, entropy_N
+
+    @staticmethod
+    def backward(ctx, grad_logprobs_N, grad_entropy_N):
+        hidden_NH, weight_VH, tokens_N = ctx.saved_tensors
+        grad_hidden_NH = torch.zeros_like(hidden_NH) if ctx.needs_input_grad[0] else None
+        grad_weight_VH = torch.zeros_like(weight_VH, dtype=ctx.softmax_dtype) if ctx.needs_input_grad[1] else None
+        for start in range(0, hidden_NH.shape[0], ctx.block_rows):
+            rows = slice(start, start + ctx.block_rows)
+            hidden_nH = hidden_NH[rows]
+            z_nV = _block_logits(hidden_nH, weight_VH, ctx.temperature, ctx.dtype)
+            grad_z_nV = _grad_block_logits(
+                z_nV,
+                tokens_N[rows],
+                None if grad_logprobs_N is None else grad_logprobs_N[rows],
+                None if grad_entropy_N is None else grad_entropy_N[rows],
+                ctx.temperature,
+            ).to(ctx.dtype)
+            if grad_hidden_NH is not None:
+                grad_hidden_NH[rows] = (grad_z_nV @ weight_VH.to(ctx.dtype)).to(hidden_NH.dtype)
+            if grad_weight_VH is not None and ctx.dtype == ctx.softmax_dtype:  # in place: no [V, H] temporary
+                grad_weight_VH.addmm_(grad_z_nV.T, hidden_nH)
+            elif grad_weight_VH is not None:
+                grad_weight_VH += (grad_z_nV.T @ hidden_nH.to(ctx.dtype)).to(ctx.softmax_dtype)
+        if grad_weight_VH is not None:
+            grad_weight_VH = grad_weight_VH.to(weight_VH.dtype)
+        return grad_hidden_NH, grad_weight_VH, None, None, None, None, None
+
+
+def _grad_block_logits(
+    z_nV: Tensor, tokens_n: Tensor, grad_logprobs_n: Tensor | None, grad_entropy_n: Tensor | None, temperature: float
+) -> Tensor:
+    """The gradient with respect to one block's logits, [n, V], from those of its logprobs and entropies, [n]
+    (either may be None), with z = logits / temperature (``z_nV``, overwritten):
+
+        dlogprob/dz_v = onehot_v - p_v,   dH/dz_v = -p_v (z_v - sum_u p_u z_u),   dz/dlogits = 1 / temperature.
+    """
+    p_nV = torch.softmax(z_nV, dim=-1)  # not exp(z - lse): a float32 lse would cost p ~1e-6 relative
+    g_n = grad_logprobs_n if grad_logprobs_n is not None else torch.zeros_like(p_nV[:, 0])
+    if grad_entropy_n is None:
+        grad_nV = p_nV.mul_(-g_n[:, None])
+    else:
+        mean_z_n1 = (p_nV * z_nV).sum(-1, keepdim=True)
+        grad_nV = p_nV.mul_(z_nV.sub_(mean_z_n1).mul_(-grad_entropy_n[:, None]).sub_(g_n[:, None]))
+    grad_nV.scatter_add_(-1, tokens_n[:, None], g_n[:, None])
+    return grad_nV.div_(temperature) if temperature != 1.0 else grad_nV
+
+
 def _token_mean(x_BT: Tensor, mask_BT: Tensor, num_tokens: Tensor | float | None) -> Tensor:
     if num_tokens is None:
         num_tokens = mask_BT.sum()

@@ -416,6 +416,9 @@ class PlanRuntime:
         by readiness: calls on disjoint devices run side by side."""
         self.prepare(Phase.infer)
         calls = self.plan.calls
+        mb = {
+            c: self._inference_microbatches(calls[c], batch) for c in (Call.actor_train, Call.ref_inf, Call.critic_inf)
+        }
         critic = (
             (Role.critic_inf, CriticShard.compute_values)
             if critic_needs_realloc(self.plan)
@@ -429,7 +432,7 @@ class PlanRuntime:
                 PolicyShard.compute_logprobs,
                 calls[Call.actor_train],
                 batch,
-                calls[Call.actor_train].num_microbatches,
+                mb[Call.actor_train],
             ),
             self.task(
                 Call.ref_inf,
@@ -437,7 +440,7 @@ class PlanRuntime:
                 ReferenceShard.compute_logprobs,
                 calls[Call.ref_inf],
                 batch,
-                calls[Call.ref_inf].num_microbatches,
+                mb[Call.ref_inf],
             ),
             self.task(
                 Call.critic_inf,
@@ -445,11 +448,23 @@ class PlanRuntime:
                 critic[1],
                 calls[Call.critic_inf],
                 batch,
-                calls[Call.critic_inf].num_microbatches,
+                mb[Call.critic_inf],
             ),
         )
         self._share_reward_calibration()
         return Scores(reward=reward, old_logprobs=old, ref_logprobs=ref, values=values)
+
+    @staticmethod
+    def _inference_microbatches(alloc: CallAllocation, batch: Mapping[str, torch.Tensor]) -> int:
+        """The micro-batches every replica of an inference call cuts its rows into: the plan's, raised
+        where shorter micro-batches compute on less padding (``ppo.batch.throughput_microbatches``), the
+        most any replica's rows ask for. Decided here, from the whole batch, so that calls with the same
+        layout (the old logprobs on actor_train's, the reference on ref_inf's) cut the same rows the same
+        way: their forwards then match bit for bit, and KL is 0 before the first update."""
+        from ppo.batch import throughput_microbatches
+
+        parts = split_rows(batch, len(replicas(alloc)))
+        return max(throughput_microbatches(part, alloc.num_microbatches) for part in parts)
 
     def start_training(self, batch: Mapping[str, torch.Tensor], iteration: int) -> Training:
         """actor_train and critic_train, started by readiness (side by side on disjoint devices);

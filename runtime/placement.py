@@ -221,12 +221,17 @@ class RayCluster:
         ``devices`` are the plan's global device ids (device d is local device ``d % gpus_per_node``
         of plan node ``d // gpus_per_node``). Fails at once when the cluster's nodes cannot hold the
         plan's nodes, and after ``timeout_s`` if a group is still pending; never waits forever.
+        ``num_threads``: torch threads per device process; 0 on a local CPU cluster means the cores shared
+        out over the devices (``threads_per_device``), on GPUs Ray's default.
         """
         devices = sorted(devices)
         per_node = list(devices_by_node(devices, gpus_per_node).values())
         resource = self._check_capacity([len(node) for node in per_node])
         bundles = [(pg, i) for pg, node in _reserve(resource, per_node, timeout_s) for i in range(len(node))]
         env = _actor_env(self.host)
+        if resource == CPU_DEVICE_RESOURCE and num_threads == 0:
+            num_threads = threads_per_device(int(ray.cluster_resources().get("CPU", 1)), len(devices))
+            env["OMP_NUM_THREADS"] = str(num_threads)  # vLLM's CPU worker and OpenMP read it, not torch's setting
         # Half a device each: the device worker and, on generation devices, its vLLM engine.
         share = {"num_gpus": 0.5} if resource == "GPU" else {"resources": {resource: 0.5}}
         remote = ray.remote(num_cpus=0, **share)(RayHost)
@@ -347,6 +352,15 @@ def _in_bundle(pg: Any, index: int) -> Any:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=index)
+
+
+def threads_per_device(num_cpus: int, num_devices: int) -> int:
+    """Torch threads of each device process (and its vLLM engine) on a local CPU cluster: the cores shared
+    out over the plan's devices, at least one. Two devices on 2 cores: 1 each, as Ray's default for actors
+    without a CPU reservation; one device on 2 cores: 2, so that a plan that runs everything on one device
+    does not leave a core idle. A device's worker and its engine never compute at the same time (generation
+    and the other calls are separate phases), so they each get the device's share."""
+    return max(1, num_cpus // max(1, num_devices))
 
 
 def _actor_env(host: str) -> dict[str, str]:

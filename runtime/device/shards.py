@@ -38,7 +38,14 @@ from common.schedule import build_lr_scheduler
 from ppo import batch as B
 from ppo.advantages import masked_sum
 from ppo.config import PPOConfig, SFTConfig
-from ppo.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_clip_range, value_loss
+from ppo.losses import (
+    entropy_from_logits,
+    head_logprobs,
+    logprobs_from_logits,
+    policy_loss,
+    value_clip_range,
+    value_loss,
+)
 from runtime.device.memory import DeviceMemory
 from runtime.device.pipeline import (
     PipelineStage,
@@ -53,6 +60,7 @@ from runtime.device.pipeline import (
     train_microbatches,
 )
 from runtime.device.ranks import Ranks
+from runtime.device.work_log import ForwardRecord
 from runtime.dispatch import Gather, Split, dispatch
 
 
@@ -138,6 +146,7 @@ def response_values(model: nn.Module, batch: Mapping[str, Tensor], hidden: Tenso
     """V(s_t) for each response token t: the value head at column P + t - 1, [B, T] float32
     (``hidden``: as in ``response_logits``)."""
     T = batch["response_mask"].shape[1]
+    work = ForwardRecord(model, "values")
     out = model(
         input_ids=batch["input_ids"] if hidden is None else None,
         inputs_embeds=hidden,
@@ -145,7 +154,77 @@ def response_values(model: nn.Module, batch: Mapping[str, Tensor], hidden: Tenso
         position_ids=B.position_ids(batch),
         use_cache=False,
     )
+    work.record(batch, num_head_positions=0)
     return out.logits[:, -T - 1 : -1, 0].float()
+
+
+LM_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3"})
+"""Causal LMs whose logits are exactly ``lm_head(final hidden state)``: no logit scaling or soft-capping
+after the head (Gemma2's, Cohere's and Granite's have one)."""
+
+
+def _plain_head(model: nn.Module) -> nn.Linear | None:
+    """The LM head when ``response_logprobs`` may compute it itself: a plain ``nn.Linear`` without bias and
+    without hooks (tensor parallelism hooks the head to gather its vocabulary shards) of a model in
+    ``LM_HEAD_MODEL_TYPES``. None otherwise: the model's own forward computes the logits."""
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if get_head is not None else None
+    model_type = getattr(getattr(model, "config", None), "model_type", None)
+    if type(head) is not nn.Linear or head.bias is not None or model_type not in LM_HEAD_MODEL_TYPES:
+        return None
+    return None if head._forward_hooks or head._forward_pre_hooks else head
+
+
+@contextlib.contextmanager
+def _head_passes_hidden_through(head: nn.Linear):
+    """The model's forward returns the final hidden states where it would return logits."""
+    head.forward = _hidden_unchanged  # type: ignore[method-assign,assignment]  # an instance attribute shadows nn.Linear's
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def _hidden_unchanged(hidden: Tensor) -> Tensor:
+    return hidden
+
+
+def response_logprobs(
+    model: nn.Module,
+    batch: Mapping[str, Tensor],
+    temperature: float,
+    hidden: Tensor | None = None,
+    with_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """log pi(a_t | s_t) of each response token, [B, T] float32, 0 on padding, and with ``with_entropy`` the
+    entropy of pi(. | s_t) at each of them (0 on padding; None without).
+
+    The LM head runs on the real response tokens only, a block of rows at a time (``ppo.losses.head_logprobs``):
+    neither the padding's logits nor [B, T, V] float32 logits are ever computed. Models whose head is not a
+    plain linear map (``_plain_head``) go through their own forward and ``logprobs_from_logits``.
+    ``hidden``: as in ``response_logits``.
+    """
+    mask_BT, tokens_BT = batch["response_mask"], B.response_tokens(batch)
+    head = _plain_head(model)
+    work = ForwardRecord(model, "logprobs")
+    if head is None:
+        logits_BTV = response_logits(model, batch, hidden)
+        entropy_BT = entropy_from_logits(logits_BTV, temperature) * mask_BT if with_entropy else None
+        logprobs_BT = logprobs_from_logits(logits_BTV, tokens_BT, temperature) * mask_BT
+        work.record(batch, num_head_positions=logits_BTV.shape[0] * (logits_BTV.shape[1] + 1))
+        return logprobs_BT, entropy_BT
+    with _head_passes_hidden_through(head):
+        hidden_BTH = response_logits(model, batch, hidden)
+    real_BT = mask_BT.bool()
+    logprobs_N, entropy_N = head_logprobs(
+        hidden_BTH[real_BT], head.weight, tokens_BT[real_BT], temperature, with_entropy
+    )
+    work.record(batch, num_head_positions=logprobs_N.shape[0])
+    logprobs_BT = torch.zeros(mask_BT.shape, dtype=logprobs_N.dtype, device=logprobs_N.device)
+    logprobs_BT = logprobs_BT.masked_scatter(real_BT, logprobs_N)
+    if entropy_N is None:
+        return logprobs_BT, None
+    return logprobs_BT, torch.zeros_like(logprobs_BT).masked_scatter(real_BT, entropy_N)
 
 
 def _response_logprobs(model: nn.Module, ranks: Ranks, batch: Mapping[str, Tensor], temperature: float) -> Tensor:
@@ -155,9 +234,8 @@ def _response_logprobs(model: nn.Module, ranks: Ranks, batch: Mapping[str, Tenso
         hidden = _pipeline_inputs(model, ranks, batch)
         if ranks.pipeline is not None and not ranks.pipeline.is_last:
             return torch.zeros(batch["input_ids"].shape[0], T)  # the last stage reports
-        logits_BTV = response_logits(model, batch, hidden)
-        logprobs_BT = logprobs_from_logits(logits_BTV, B.response_tokens(batch), temperature)
-    return B.pad_response_columns((logprobs_BT * batch["response_mask"]).cpu(), T)
+        logprobs_BT, _ = response_logprobs(model, batch, temperature, hidden)
+    return B.pad_response_columns(logprobs_BT.cpu(), T)
 
 
 def _pipeline_inputs(model: nn.Module, ranks: Ranks, batch: Mapping[str, Tensor]) -> Tensor | None:
@@ -168,16 +246,33 @@ def _pipeline_inputs(model: nn.Module, ranks: Ranks, batch: Mapping[str, Tensor]
     return last_stage_inputs(model, ranks.pipeline, batch, B.position_ids(batch))
 
 
-def _in_chunks(fn, batch: Mapping[str, Tensor], num_microbatches: int) -> Tensor:
-    """``fn`` over ``num_microbatches`` micro-batches of rows of similar length (``batch.microbatch_rows``),
+def _in_chunks(fn, batch: Mapping[str, Tensor], num_microbatches: int, ranks: Ranks) -> Tensor:
+    """``fn`` over micro-batches of rows of similar length (``batch.microbatch_rows``), at least
+    ``num_microbatches`` of them and as many as computes on the least padding (``microbatch_count``),
     its [rows, T] outputs put back in row order."""
-    parts = B.microbatch_rows(batch, num_microbatches)
+    parts = B.microbatch_rows(batch, microbatch_count(batch, num_microbatches, ranks))
     if len(parts) == 1:
         return fn(batch)
     outputs = torch.cat([fn(B.select(batch, rows)) for rows in parts])
     out = torch.empty_like(outputs)
     out[torch.cat(parts)] = outputs
     return out
+
+
+def microbatch_count(batch: Mapping[str, Tensor], num_microbatches: int, ranks: Ranks) -> int:
+    """The plan's micro-batch count (a memory bound), raised where more and shorter micro-batches compute on
+    less padding (``batch.throughput_microbatches``: SmolLM2-135M's logprobs over 32 rows, one long response
+    among short ones, took 26 CPU-seconds in one micro-batch and 11 in 16). Collective when the model is
+    sharded: every rank of the model runs the same number of passes (FSDP's gathers and the pipeline's
+    sends pair up), the largest any rank asks for, and no rank more than it has rows."""
+    wanted, num_rows = B.throughput_microbatches(batch, num_microbatches), B.num_rows(batch)
+    if ranks.model_sharded:
+        import torch.distributed as dist
+
+        both = torch.tensor([wanted, -num_rows], device=ranks.device)
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=ranks.model_group)
+        wanted, num_rows = int(both[0]), -int(both[1])
+    return max(1, min(wanted, num_rows))
 
 
 def _checkpoint_activations(model: nn.Module) -> None:
@@ -309,7 +404,8 @@ class _Trainer:
         """One optimizer step on one minibatch in ``num_microbatches`` passes; adds the stats to
         ``sums`` and returns the pre-clip gradient norm."""
         num_tokens = self.ranks.all_reduce_sum(minibatch["response_mask"].sum().float())
-        micros = [B.trim_padding(B.select(minibatch, rows)) for rows in B.microbatch_rows(minibatch, num_microbatches)]
+        num_micro = microbatch_count(minibatch, num_microbatches, self.ranks)
+        micros = [B.trim_padding(B.select(minibatch, rows)) for rows in B.microbatch_rows(minibatch, num_micro)]
         for loss, stats in self._forward_backward(micros, num_tokens, loss_fn):
             for name, value in {"loss": loss.detach(), **stats}.items():
                 sums[name] = sums.get(name, 0.0) + value.detach().float()
@@ -439,21 +535,24 @@ class PolicyShard:
     def compute_logprobs(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
         """log pi(a_t | s_t) of each response token of this rank's slice, [B, T] (0 on padding)."""
         return _in_chunks(
-            lambda b: _response_logprobs(self.model, self.ranks, b, self.temperature), batch, num_microbatches
+            lambda b: _response_logprobs(self.model, self.ranks, b, self.temperature),
+            batch,
+            num_microbatches,
+            self.ranks,
         )
 
     def _policy_loss(
         self, minibatch: Mapping[str, Tensor], num_tokens: Tensor, hidden: Tensor | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
         mask_BT = minibatch["response_mask"]
-        logits_BTV = response_logits(self.model, minibatch, hidden)
-        logprobs_BT = logprobs_from_logits(logits_BTV, B.response_tokens(minibatch), self.temperature)
+        logprobs_BT, entropy_BT = response_logprobs(self.model, minibatch, self.temperature, hidden, with_entropy=True)
         loss, stats = policy_loss(
             logprobs_BT, minibatch["old_logprobs"], minibatch["advantages"], mask_BT, self.ppo.clip_eps, num_tokens
         )
-        # Entropy costs a softmax over the vocabulary: keep it out of the graph unless it is in the loss.
-        with torch.set_grad_enabled(self.ppo.entropy_coef != 0.0):
-            entropy = masked_sum(entropy_from_logits(logits_BTV, self.temperature), mask_BT) / num_tokens.clamp(min=1)
+        assert entropy_BT is not None  # with_entropy
+        # The entropy's gradient stays out of the backward unless it is in the loss.
+        entropy = masked_sum(entropy_BT if self.ppo.entropy_coef != 0.0 else entropy_BT.detach(), mask_BT)
+        entropy = entropy / num_tokens.clamp(min=1)
         if self.ppo.entropy_coef != 0.0:
             loss = loss - self.ppo.entropy_coef * entropy
         return loss, {
@@ -596,7 +695,7 @@ class CriticShard:
     @dispatch(Split.replica_rows, Gather.concat)
     def compute_values(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
         """V(s_t) for each response token of this rank's slice, [B, T] (0 on padding)."""
-        return _in_chunks(self._values, batch, num_microbatches)
+        return _in_chunks(self._values, batch, num_microbatches, self.ranks)
 
     def _values(self, batch: Mapping[str, Tensor]) -> Tensor:
         T = batch["response_mask"].shape[1]
@@ -701,7 +800,10 @@ class ReferenceShard:
             self.memory.to_device("ref", self.model)
         try:
             return _in_chunks(
-                lambda b: _response_logprobs(self.model, self.ranks, b, self.temperature), batch, num_microbatches
+                lambda b: _response_logprobs(self.model, self.ranks, b, self.temperature),
+                batch,
+                num_microbatches,
+                self.ranks,
             )
         finally:
             if self.offload:

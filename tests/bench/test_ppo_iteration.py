@@ -96,6 +96,11 @@ def test_script_runs_on_a_tiny_workload(tmp_path):
     assert [r["iteration"] for r in result["realm"]["iterations"]] == [1, 2]
     assert result["realm"]["tokens_per_s"] > 0 and result["trl"]["status"] == "skipped"
     assert out.with_suffix(".png").exists()
+    # The FLOP accounting: every call of the timed iteration logged, priced, and timed on an empty batch.
+    calls = result["flops"]["calls"]
+    assert set(calls) == {"actor_inf", "ref_inf", "critic_inf", "actor_train", "critic_train"}
+    assert all(c["gflop"] > 0 and c["empty_call_s"] > 0 and 0 < c["fraction_of_peak"] < 1 for c in calls.values())
+    assert result["flops"]["peaks"]["one_thread_gflops"] > 0 and out.with_name("ppo_flops.png").exists()
 
 
 @pytest.mark.parametrize(

@@ -17,3 +17,11 @@ def test_workers_draw_no_progress_bars_and_inherit_the_driver_keys(monkeypatch):
 def test_a_users_explicit_setting_wins(monkeypatch):
     monkeypatch.setenv("HF_HUB_DISABLE_PROGRESS_BARS", "0")
     assert _actor_env("127.0.0.1")["HF_HUB_DISABLE_PROGRESS_BARS"] == "0"
+
+
+def test_device_threads_share_the_cores_out_over_the_plans_devices():
+    from runtime.placement import threads_per_device
+
+    # 2 cores: two devices get a thread each (both busy at once), a lone device gets both.
+    assert threads_per_device(2, 2) == 1 and threads_per_device(2, 1) == 2
+    assert threads_per_device(2, 4) == 1 and threads_per_device(8, 3) == 2  # never 0; whole threads only

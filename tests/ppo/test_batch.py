@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ppo.batch import microbatch_rows, pad_response_columns, trim_padding
+from ppo.batch import microbatch_rows, pad_response_columns, throughput_microbatches, trim_padding
 from trainer.rollout import pad_batch
 
 
@@ -47,3 +47,16 @@ def test_microbatches_group_rows_of_similar_length():
     assert [p.tolist() for p in microbatch_rows(batch, 3)] == [[1], [2], [0]]
     assert [p.tolist() for p in microbatch_rows(batch, 1)] == [[0, 1, 2]]
     assert sorted(torch.cat(microbatch_rows(batch, 5)).tolist()) == [0, 1, 2]  # at most one per row
+
+
+def test_throughput_microbatches_worked_example():
+    # Responses of 200, 10, 10, 10 tokens after 5-token prompts, 64 tokens' worth per pass: one micro-batch
+    # 4 x 205 + 64 = 884; two 2 x 205 + 2 x 15 + 128 = 568; three (2, 1, 1 rows) 410 + 30 + 192 = 632;
+    # four 205 + 45 + 256 = 506 -> 4.
+    batch = pad_batch([[7] * 5] * 4, [[5] * 200, [5] * 10, [5] * 10, [5] * 10], pad_id=0)
+    assert throughput_microbatches(batch, 1) == 4
+    # A pass costing 300 tokens' worth: 884 + 300 - 64 = 1120 against 568 + 600 - 128 = 1040 -> 2.
+    assert throughput_microbatches(batch, 1, overhead_tokens=300) == 2
+    # Rows of one length: nothing to gain, the plan's count stays (never fewer than it).
+    even = pad_batch([[7] * 5] * 4, [[5] * 10] * 4, pad_id=0)
+    assert throughput_microbatches(even, 1) == 1 and throughput_microbatches(even, 3) == 3

@@ -5,7 +5,14 @@ import math
 import pytest
 import torch
 
-from ppo.losses import entropy_from_logits, logprobs_from_logits, policy_loss, value_clip_range, value_loss
+from ppo.losses import (
+    entropy_from_logits,
+    head_logprobs,
+    logprobs_from_logits,
+    policy_loss,
+    value_clip_range,
+    value_loss,
+)
 
 
 def test_policy_loss_four_clipping_cases():
@@ -146,3 +153,44 @@ def test_logsumexp_in_row_blocks_equals_one_call_values_and_gradients(monkeypatc
     (grad_blocks,) = torch.autograd.grad(blocks.sum(), logits)
     assert torch.equal(blocks, whole) and torch.equal(grad_blocks, grad_whole)
     assert L.logprobs_from_logits(logits, torch.zeros(5, 3, dtype=torch.long)).shape == (5, 3)
+
+
+def test_head_logprobs_worked_example():
+    # hidden [1, 0], weight rows [1, 0] and [0, 0]: logits [1, 0]. Token 0: 1 - log(e + 1) = -0.3133;
+    # entropy log(e + 1) - e / (e + 1) = 0.5822 (the docstring's example).
+    hidden, weight = torch.tensor([[1.0, 0.0]]), torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    logprobs, entropy = head_logprobs(hidden, weight, torch.tensor([0]), with_entropy=True)
+    e = math.e
+    assert logprobs.item() == pytest.approx(1 - math.log(e + 1))
+    assert entropy.item() == pytest.approx(math.log(e + 1) - e / (e + 1))
+    assert head_logprobs(hidden, weight, torch.tensor([0]))[1] is None  # no entropy unless asked
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_head_logprobs_in_blocks_equal_the_full_logits_values_and_gradients(temperature):
+    # 10 rows in blocks of 3 (the last block short): the same values as the logits path, and the same
+    # gradients for hidden and weight through both the logprobs and the entropy.
+    g = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(10, 8, generator=g), torch.randn(50, 8, generator=g)
+    tokens = torch.randint(0, 50, (10,), generator=g)
+    up_logprobs, up_entropy = torch.randn(10, generator=g), torch.randn(10, generator=g)
+
+    def full(h, w):
+        logits = torch.nn.functional.linear(h, w)[None]
+        return logprobs_from_logits(logits, tokens[None], temperature)[0], entropy_from_logits(logits, temperature)[0]
+
+    grads = []
+    for fn in (full, lambda h, w: head_logprobs(h, w, tokens, temperature, with_entropy=True, block_rows=3)):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        logprobs, entropy = fn(h, w)
+        (logprobs * up_logprobs + entropy * up_entropy).sum().backward()
+        grads.append((logprobs.detach(), entropy.detach(), h.grad, w.grad))
+    for want, got in zip(*grads):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    # Only the logprobs in the loss: the entropy's gradient is left out, not zero-filled into it.
+    h = hidden.clone().requires_grad_()
+    logprobs, _ = head_logprobs(h, weight, tokens, temperature, block_rows=4)
+    (logprobs * up_logprobs).sum().backward()
+    want_h = hidden.clone().requires_grad_()
+    (full(want_h, weight)[0] * up_logprobs).sum().backward()
+    torch.testing.assert_close(h.grad, want_h.grad, atol=1e-5, rtol=1e-5)

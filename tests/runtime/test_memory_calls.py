@@ -200,7 +200,11 @@ def test_the_driver_wakes_and_sleeps_the_engines_at_the_lifecycles_phase_boundar
     )
     runtime.reward_actor = SimpleNamespace(submit_timed=lambda method, samples: [Future((None, 0.0, 0.0))])
     runtime.engines_sleep = life.engines_sleep
-    batch = {"input_ids": torch.zeros(4, 3, dtype=torch.long), "response_mask": torch.ones(4, 1)}
+    batch = {
+        "input_ids": torch.zeros(4, 3, dtype=torch.long),
+        "attention_mask": torch.ones(4, 3, dtype=torch.long),
+        "response_mask": torch.ones(4, 1),
+    }
     runtime.generate([[1], [2], [3], [4]], seed=0)
     runtime.infer(batch, [None] * 4)
     training = runtime.start_training({**batch, "advantages": torch.zeros(4, 1)}, 0)

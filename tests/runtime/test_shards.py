@@ -575,13 +575,17 @@ def test_two_stages_keep_nccls_point_to_point_rules_in_pipeline_training_and_inf
 
 
 def _bf16_ranks(rank: int, port: int, model_dir: str, work: str) -> None:
+    from ppo.batch import throughput_microbatches
+
     torch.set_num_threads(1)
     data = torch.load(Path(work) / "data.pt")
     mine = select(data, torch.arange(rank * 4, rank * 4 + 4))
     ranks = Ranks.join(rank, 2, "127.0.0.1", port, "gloo", dtype="bfloat16")
     policy = PolicyShard(ranks, model_dir=model_dir, dtype="bfloat16", ppo=PPO, num_iterations=1)
     ref = ReferenceShard(model_dir=model_dir, dtype="bfloat16")  # this rank's own replica, as a plan's dp 2
-    out = {"logprobs": policy.compute_logprobs(mine), "ref_logprobs": ref.compute_logprobs(mine)}
+    # As the driver does: one micro-batch count for both calls, from every replica's rows.
+    count = max(throughput_microbatches(select(data, torch.arange(r * 4, r * 4 + 4)), 1) for r in (0, 1))
+    out = {"logprobs": policy.compute_logprobs(mine, count), "ref_logprobs": ref.compute_logprobs(mine, count)}
     policy.update(*_one_share(data, rank))
     out["ref_bytes"] = {p.element_size() for p in ref.model.parameters()}
     out["policy_bytes"] = sum(p.to_local().numel() * p.element_size() for p in policy.model.parameters())

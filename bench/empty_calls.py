@@ -1,0 +1,85 @@
+"""The fixed cost of each model function call: the plan runtime's calls on an (almost) empty batch.
+
+Used by ``bench/ppo_iteration.py`` after the realm run: the same config and plan deployed again (Ray,
+device processes, vLLM engines), then each call run ``repeats`` times on a batch of one prompt token and
+one response token per row, as few rows as the plan's data-parallel replicas and PPO minibatches allow.
+What such a call costs is what every call pays whatever its batch: the driver's dispatch, Ray's
+serialization and scheduling, the device process's dispatch, FSDP's gathers, and for the updates the
+optimizer steps (``ppo.num_epochs x ppo.num_minibatches`` AdamW steps over every parameter).
+"""
+
+from __future__ import annotations
+
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def empty_batch(num_rows: int, token: int, pad_id: int) -> dict[str, torch.Tensor]:
+    """``num_rows`` rows of one prompt and one response token, with the update's keys at zero."""
+    from trainer.rollout import pad_batch
+
+    batch = pad_batch([[token]] * num_rows, [[token]] * num_rows, pad_id)
+    zeros = torch.zeros_like(batch["response_mask"])
+    batch.update(old_logprobs=zeros, ref_logprobs=zeros, values=zeros, advantages=zeros, returns=zeros)
+    return batch
+
+
+def min_rows(plan: Any, num_minibatches: int) -> int:
+    """The fewest rows every call of ``plan`` accepts: each training call needs a row per minibatch per
+    data-parallel replica, each inference call a row per replica."""
+    return max(a.dp * (num_minibatches if name.endswith("_train") else 1) for name, a in plan.calls.items())
+
+
+def call_seconds(events: list[Any]) -> dict[str, float]:
+    """Each call's span over its devices (first start to last end), from the runtime's events."""
+    spans: dict[str, tuple[float, float]] = {}
+    for e in events:
+        lo, hi = spans.get(e.call, (e.start, e.end))
+        spans[e.call] = (min(lo, e.start), max(hi, e.end))
+    return {call: hi - lo for call, (lo, hi) in spans.items()}
+
+
+def run_calls(runtime: Any, batch: dict[str, torch.Tensor], samples: list[Any], token: int) -> dict[str, float]:
+    """One round: one new token for each row's one-token prompt, the inference calls, the updates (with the
+    reallocations that follow them)."""
+    runtime.drain_events()
+    prompts = [[token]] * batch["input_ids"].shape[0]  # at least a row per generation replica
+    runtime.generate(prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=1, seed=0, logprobs=False)
+    runtime.infer({k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "response_mask")}, samples)
+    runtime.update(batch, 0)
+    return call_seconds(runtime.drain_events())
+
+
+def measure(cfg: Any, run_dir: Path, repeats: int = 3) -> dict[str, Any]:
+    """Deploy ``cfg``'s plan and time each call on an empty batch ``repeats`` times (the first round,
+    with its warm-up, is dropped); returns the median seconds per call and the rounds."""
+    from transformers import AutoTokenizer
+
+    from models.registry import resolve_model_dir
+    from rewards.types import RewardSample
+    from runtime.placement import RayCluster
+    from trainer.loop import deploy, execution_plan, load_data, resolve_reward_model_dir, warm_start
+
+    train_problems, _ = load_data(cfg)
+    base_dir = resolve_model_dir(cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    reward_dir = resolve_reward_model_dir(cfg)
+    cl = cfg.cluster
+    cluster = RayCluster.start(cl.address, cl.num_cpus, num_cpu_devices=0 if cl.uses_gpus else cl.num_devices)
+    try:
+        policy_dir = warm_start(cfg, base_dir, train_problems)
+        plan, lifecycle = execution_plan(cfg, policy_dir, reward_dir, run_dir)
+        runtime = deploy(cfg, cluster, plan, lifecycle, policy_dir)
+        token = tokenizer.eos_token_id if tokenizer.eos_token_id is not None else 0
+        batch = empty_batch(min_rows(plan, cfg.ppo.num_minibatches), token, tokenizer.pad_token_id or 0)
+        problem = train_problems[0]
+        sample = RewardSample(problem.question, problem.answer, problem.dataset, "", "", [token])
+        rounds = [run_calls(runtime, batch, [sample] * batch["input_ids"].shape[0], token) for _ in range(repeats + 1)]
+    finally:
+        cluster.shutdown()
+    timed = rounds[1:]
+    median = {call: statistics.median(r[call] for r in timed if call in r) for call in timed[0]}
+    return {"rows": int(batch["input_ids"].shape[0]), "repeats": repeats, "median_s": median, "rounds": rounds}
