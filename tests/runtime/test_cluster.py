@@ -36,6 +36,13 @@ NUM_NODES, GPUS_PER_NODE = 2, 4
 # nearly every sample succeeds (iteration 1 here) their spread is small, so 1e-8 differences in the
 # PRM's scores (TP 2 against one device) came back as 4e-6 in the actor loss and advantage mean.
 REL_TOLERANCE, ABS_TOLERANCE = 1e-4, 1e-5
+# The actor's LM head runs blockwise on real tokens where it is a plain linear map (FSDP, one device) and
+# through the model's full logits where TP shards it: the same math in another float order. At iteration 1
+# the actor's mean pre-clip gradient norm of the TP plan then came out 9.7e-4 relative from the heuristic
+# plan's (0.0251629 against 0.0251873), every other metric within 1e-4, and with every plan on the
+# full-logits path within 1e-4 too; Adam's first steps move each weight by about lr whatever its gradient's
+# size, which is where a float-order difference can grow.
+TOLERANCE_BY_KEY = {"actor/grad_norm": (2e-3, ABS_TOLERANCE)}
 
 
 def test_assign_devices_pairs_plan_nodes_with_ray_nodes():
@@ -307,6 +314,6 @@ def test_three_plans_train_the_same_on_a_simulated_two_node_cluster(cluster_addr
         for name, other in (("disjoint", disjoint), ("tp", tp))
         for a, b in zip(runs["heuristic"][1:], other[1:])
         for key in COMPARED
-        if b[key] != pytest.approx(a[key], rel=REL_TOLERANCE, abs=ABS_TOLERANCE)
+        if b[key] != pytest.approx(a[key], *TOLERANCE_BY_KEY.get(key, (REL_TOLERANCE, ABS_TOLERANCE)))
     ]
     assert not differing
