@@ -49,7 +49,10 @@ def run_calls(runtime: Any, batch: dict[str, torch.Tensor], samples: list[Any], 
     prompts = [[token]] * batch["input_ids"].shape[0]  # at least a row per generation replica
     runtime.generate(prompts, n=1, temperature=1.0, top_p=1.0, max_new_tokens=1, seed=0, logprobs=False)
     runtime.infer({k: batch[k] for k in ("input_ids", "attention_mask", "position_ids", "response_mask")}, samples)
-    runtime.update(batch, 0)
+    training = runtime.start_training(batch, 0)
+    sync = runtime.weight_sync.start(after=training)
+    runtime.finish_training(training)
+    runtime.weight_sync.finish(sync)
     return call_seconds(runtime.drain_events())
 
 
