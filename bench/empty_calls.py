@@ -86,3 +86,57 @@ def measure(cfg: Any, run_dir: Path, repeats: int = 3) -> dict[str, Any]:
     timed = rounds[1:]
     median = {call: statistics.median(r[call] for r in timed if call in r) for call in timed[0]}
     return {"rows": int(batch["input_ids"].shape[0]), "repeats": repeats, "median_s": median, "rounds": rounds}
+
+
+TRAINING_CALLS = ("actor_train", "critic_train")
+"""Their empty-batch time is mostly the optimizer's steps, which the cost model prices on its own."""
+
+
+def call_overhead(median_s: dict[str, float]) -> float:
+    """The fixed seconds of one call for the cost model: the median empty-batch time of the calls other
+    than training (generation, the inference calls, the reallocation's parts)."""
+    return statistics.median(t for call, t in median_s.items() if call not in TRAINING_CALLS)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python bench/empty_calls.py --profile PROFILE.json [KEY=VALUE ...]``: time the default config's
+    plan (with the Hydra overrides given) on empty batches and write the fixed per-call cost into the
+    profile (``planning.profile``), where the CPU cost model reads it."""
+    import argparse
+    import json
+    import sys
+    import tempfile
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from common.files import atomic_write_text
+    from planning.profile import Profile
+
+    parser = argparse.ArgumentParser(description="the fixed per-call cost, written into a cost-model profile")
+    parser.add_argument("--profile", required=True, help="PROFILE.json from python -m planning.profile (updated)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", default=None, help="also write the measurement here")
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides of configs/train.yaml")
+    args = parser.parse_args(argv)
+    from hydra import compose, initialize_config_dir
+
+    from trainer.compose import to_train_config
+    from trainer.config import register_configs
+
+    profile = Profile.load(args.profile)
+    register_configs()
+    with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "configs"), version_base="1.3"):
+        cfg = to_train_config(compose(config_name="train", overrides=["sft.num_steps=0", *args.overrides]))
+    with tempfile.TemporaryDirectory(prefix="empty-calls-") as tmp:
+        result = measure(cfg, Path(tmp), args.repeats)
+    for call, seconds in result["median_s"].items():
+        print(f"  {call:<20} {seconds * 1e3:8.1f} ms")
+    profile.call_overhead_s = call_overhead(result["median_s"])
+    profile.save(args.profile)
+    print(f"call overhead {profile.call_overhead_s * 1e3:.1f} ms -> {args.profile}")
+    if args.json:
+        atomic_write_text(Path(args.json), json.dumps({**result, "call_overhead_s": profile.call_overhead_s}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

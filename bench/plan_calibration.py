@@ -108,22 +108,17 @@ def compare(name: str, run_dir: Path, profile: Any) -> dict[str, Any]:
     cfg = run_config(run_dir)
     specs = model_specs(cfg)
     plan = ExecutionPlan.load(run_dir / "plan.yaml")
-    w = workload(cfg, specs)
+    prompt_len = longest_prompt(cfg)
+    w = workload(cfg, specs, prompt_len)  # as train.py prices it
     hw = hardware("cpu", cfg.cluster.num_nodes, cfg.cluster.devices_per_node, profile)
     cost, schedule = estimate_plan(plan, w, hw), iteration_schedule(plan, w, hw)
-    prompt_len = longest_prompt(cfg)
-    at_run_lengths = estimate_plan(plan, replace(w, prompt_len=prompt_len), hw).seconds_per_iteration
-    short = iteration_schedule(plan, replace(w, prompt_len=prompt_len), hw).calls
-    # The cost model gives every device its own core; here the devices share the machine's cores, so
-    # the iteration takes at least its device-seconds over the cores (a diagnostic, not the model).
-    device_seconds = sum((c.end - c.start) * len(c.devices) for c in schedule.calls.values())
+    # What the cost model predicted before it priced the run's prompts, the machine's shared cores and
+    # the fixed per-call cost: the configured prompt length, a core per device, no overhead.
+    bare = replace(hw, num_cores=None, call_overhead_s=0.0)
+    before = estimate_plan(plan, replace(w, longest_prompt=None), bare).seconds_per_iteration
     got = measured(run_dir)
     calls = {
-        name: {
-            "predicted_s": call.end - call.start,
-            "predicted_at_longest_prompt_s": short[name].end - short[name].start,
-            "measured_s": got["calls"].get(name),
-        }
+        name: {"predicted_s": call.end - call.start, "measured_s": got["calls"].get(name)}
         for name, call in schedule.calls.items()
     }
     load = run_dir / "load.json"
@@ -131,13 +126,15 @@ def compare(name: str, run_dir: Path, profile: Any) -> dict[str, Any]:
         "run": name,
         "plan": plan.source,
         "cluster": f"{plan.num_nodes}x{plan.gpus_per_node}",
-        "workload": f"{w.batch} x ({w.prompt_len} + {w.gen_len}) tokens, {cfg.model.name}",
+        "workload": f"{w.batch} x ({prompt_len} of up to {w.prompt_len} + {w.gen_len}) tokens, {cfg.model.name}",
         "measured_iteration_s": got["iteration_s"],
         "measured_calls_span_s": got["calls_span_s"],
         "predicted_iteration_s": cost.seconds_per_iteration,
-        "predicted_cores_bound_s": max(cost.seconds_per_iteration, device_seconds / NUM_CORES),
+        "predicted_schedule_s": schedule.seconds,
+        "predicted_before_s": before,
         "longest_prompt_tokens": prompt_len,
-        "predicted_at_longest_prompt_s": at_run_lengths,
+        "num_cores": hw.num_cores,
+        "call_overhead_s": hw.call_overhead_s,
         "measured_iterations": got["iterations"],
         "calls": calls,
         "predicted_order": schedule.order(),
@@ -145,13 +142,20 @@ def compare(name: str, run_dir: Path, profile: Any) -> dict[str, Any]:
     }
 
 
+PREDICTIONS = {
+    "predicted_iteration_s": "the cost model",
+    "predicted_schedule_s": "its schedule alone (no shared-cores bound)",
+    "predicted_before_s": "before: configured prompt length, a core per device, no per-call cost",
+}
+
+
 def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Median relative error and Spearman of iteration times (whole and calls' span); per call, the
-    median of measured over predicted seconds."""
+    """Median relative error and Spearman of iteration times (whole and calls' span) for each prediction;
+    per call, the median of measured over predicted seconds."""
     from planning.profile import spearman
 
     out: dict[str, Any] = {"num_plans": len(rows), "num_cores": NUM_CORES}
-    for guess in ("predicted_iteration_s", "predicted_cores_bound_s", "predicted_at_longest_prompt_s"):
+    for guess in PREDICTIONS:
         predicted = [r[guess] for r in rows]
         for key in ("measured_iteration_s", "measured_calls_span_s"):
             truth = [r[key] for r in rows]
@@ -159,13 +163,12 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "median_relative_error": statistics.median(abs(p - m) / m for p, m in zip(predicted, truth)),
                 "spearman": spearman(predicted, truth),
             }
-    for guess in ("predicted_s", "predicted_at_longest_prompt_s"):
-        ratios: dict[str, list[float]] = {}
-        for r in rows:
-            for name, c in r["calls"].items():
-                if c["measured_s"] is not None and c[guess] > 0:
-                    ratios.setdefault(name, []).append(c["measured_s"] / c[guess])
-        out[f"measured_over_{guess}_by_call"] = {n: statistics.median(v) for n, v in sorted(ratios.items())}
+    ratios: dict[str, list[float]] = {}
+    for r in rows:
+        for name, c in r["calls"].items():
+            if c["measured_s"] is not None and c["predicted_s"] > 0:
+                ratios.setdefault(name, []).append(c["measured_s"] / c["predicted_s"])
+    out["measured_over_predicted_s_by_call"] = {n: statistics.median(v) for n, v in sorted(ratios.items())}
     return out
 
 
@@ -182,18 +185,16 @@ def main(argv: list[str] | None = None) -> int:
     rows = [compare(name, Path(d), profile) for name, d in named]
     for r in rows:
         print(
-            f"{r['run']:<16} {r['plan']:<24} {r['cluster']:<4} measured {r['measured_iteration_s']:7.2f} s "
+            f"{r['run']:<28} {r['plan']:<24} {r['cluster']:<4} measured {r['measured_iteration_s']:7.2f} s "
             f"(calls {r['measured_calls_span_s']:7.2f} s)  predicted {r['predicted_iteration_s']:7.2f} s "
-            f"(cores-bound {r['predicted_cores_bound_s']:7.2f} s, at the longest prompt "
-            f"{r['predicted_at_longest_prompt_s']:7.2f} s)"
+            f"(schedule {r['predicted_schedule_s']:7.2f} s; before {r['predicted_before_s']:7.2f} s)"
         )
     result = summary(rows)
     for key, s in result.items():
         if isinstance(s, dict) and "spearman" in s:
             print(f"{key}: median relative error {s['median_relative_error']:.0%}, spearman {s['spearman']:.2f}")
-    for guess in ("predicted_s", "predicted_at_longest_prompt_s"):
-        ratios = result[f"measured_over_{guess}_by_call"]
-        print(f"measured / {guess} by call: " + ", ".join(f"{n} {v:.2f}" for n, v in ratios.items()))
+    ratios = result["measured_over_predicted_s_by_call"]
+    print("measured / predicted by call: " + ", ".join(f"{n} {v:.2f}" for n, v in ratios.items()))
     if args.jsonl:
         lines = [json.dumps(r) for r in rows] + [json.dumps({"summary": result})]
         atomic_write_text(Path(args.jsonl), "\n".join(lines) + "\n")

@@ -34,7 +34,12 @@ The per-call model is analytic unless ``Hardware.profile`` holds measured per-la
   destination it serves inside a node (fan-out); the busiest GPU link plus the busiest node link
   set the time;
 - the iteration: its calls list-scheduled by readiness, the rule the runtime dispatches by
-  (``planning.schedule``).
+  (``planning.schedule``);
+- what a run computes: time at the run's longest prompt (``Workload.longest_prompt``: the runtime
+  trims padding to each micro-batch's longest row), memory at the configured prompt length;
+- on a CPU machine (a profile's ``num_cores`` and ``call_overhead_s``): every call pays the measured
+  fixed cost of an empty call, and the devices share the machine's cores, so an iteration takes at
+  least its device-seconds over the cores.
 
 Numbers are for ranking plans, not for predicting wall time to the second.
 """
@@ -43,9 +48,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -77,6 +82,14 @@ class Hardware:
     half_efficiency_tokens: float = 128.0  # tokens per GPU per micro-batch at which matmuls run at half mfu
     name: str = "a100-80g"
     profile: object | None = field(default=None, compare=False, hash=False)  # planning.profile.Profile
+    num_cores: int | None = None
+    """Compute units every device of the machine shares (a CPU machine's cores, from the profile); None:
+    each device computes on its own (GPUs). An iteration then takes at least its device-seconds over
+    the cores."""
+    call_overhead_s: float = 0.0
+    """Seconds every call pays whatever its batch: the driver's dispatch, Ray's scheduling and
+    serialization, the device process's dispatch (on CPU from the profile, measured by
+    ``bench/empty_calls.py``; 0 in the GPU presets, where it is small against a call and not measured)."""
 
     @property
     def num_gpus(self) -> int:
@@ -84,7 +97,7 @@ class Hardware:
 
 
 # Published specs (bf16 dense peak, HBM, NVLink per GPU one way, node NIC); mfu is an assumption.
-HARDWARE = {
+HARDWARE: dict[str, dict[str, Any]] = {
     "a100-80g": dict(
         gpu_memory_bytes=80 << 30,
         peak_flops=312e12,
@@ -127,7 +140,10 @@ def hardware(name: str, num_nodes: int, gpus_per_node: int, profile: object | No
         raise ValueError(f"unknown GPU {name!r}: expected one of {sorted(HARDWARE)}")
     if num_nodes < 1 or gpus_per_node < 1:
         raise ValueError(f"need num_nodes >= 1 and gpus_per_node >= 1, got {num_nodes} x {gpus_per_node}")
-    return Hardware(num_nodes=num_nodes, gpus_per_node=gpus_per_node, name=name, profile=profile, **HARDWARE[name])
+    hw = Hardware(num_nodes=num_nodes, gpus_per_node=gpus_per_node, name=name, profile=profile, **HARDWARE[name])
+    if name == "cpu" and profile is not None:  # the profiled machine's cores and fixed per-call cost
+        hw = replace(hw, num_cores=profile.num_cores, call_overhead_s=profile.call_overhead_s)  # type: ignore[attr-defined]
+    return hw
 
 
 @dataclass(frozen=True)
@@ -149,8 +165,11 @@ class LayoutLimits:
 
 @dataclass(frozen=True)
 class Workload:
-    """One PPO iteration: ``batch`` prompts of ``prompt_len`` tokens, ``gen_len`` generated each.
-    The reference model has the actor's shape; ``reward`` is None for a rule-based reward."""
+    """One PPO iteration: ``batch`` prompts of up to ``prompt_len`` tokens, ``gen_len`` generated each.
+    The reference model has the actor's shape; ``reward`` is None for a rule-based reward.
+
+    Memory is priced at ``prompt_len`` (a prompt may be that long); time at ``computed_prompt_len``,
+    the prompt tokens the calls compute on."""
 
     actor: ModelSpec
     critic: ModelSpec
@@ -171,9 +190,25 @@ class Workload:
     layout (realm's runtime does this; ReaL takes them from generation): the call ``actor_inf``,
     scheduled after generation like the other inference calls."""
 
+    longest_prompt: int | None = None
+    """The longest prompt the run actually has, when known (its rendered training prompts): the runtime
+    trims each micro-batch's padding to its longest row, so calls compute on this many prompt tokens,
+    not ``prompt_len``. None: ``prompt_len``."""
+
     @property
     def seq_len(self) -> int:
+        """Tokens a sequence may hold (memory)."""
         return self.prompt_len + self.gen_len
+
+    @property
+    def computed_prompt_len(self) -> int:
+        """Prompt tokens a call computes on (time)."""
+        return min(self.prompt_len, self.longest_prompt) if self.longest_prompt else self.prompt_len
+
+    @property
+    def computed_seq_len(self) -> int:
+        """Tokens per sequence a call computes on (time)."""
+        return self.computed_prompt_len + self.gen_len
 
     @property
     def train_state_bytes(self) -> int:
@@ -304,14 +339,14 @@ def _passes_seconds(
     """
     n = spec.num_params()
     mb, pp, dp, tp = alloc.num_microbatches, alloc.pp, alloc.dp, alloc.tp
-    tokens = w.batch * w.seq_len
+    tokens = w.batch * w.computed_seq_len
     tokens_mb = tokens / (dp * mb)  # one replica's micro-batch
     per_flush = max(1, -(-mb // flushes))
     bubble = (per_flush + pp - 1) / per_flush
     if hw.profile is not None:
         train = passes > 1
-        layer = _measured("train" if train else "forward", spec, tokens_mb, alloc, hw, w.seq_len)
-        head = _measured("head_train" if train else "head_forward", spec, tokens_mb, alloc, hw, w.seq_len)
+        layer = _measured("train" if train else "forward", spec, tokens_mb, alloc, hw, w.computed_seq_len)
+        head = _measured("head_train" if train else "head_forward", spec, tokens_mb, alloc, hw, w.computed_seq_len)
         recompute = (4 / 3) if passes == 4 else 1.0
         compute = (layer * recompute * spec.num_layers / pp + head) * mb * bubble
     else:
@@ -362,10 +397,11 @@ def _generate_seconds(spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: H
     n = spec.num_params()
     mb, pp, tp = alloc.num_microbatches, alloc.pp, alloc.tp
     group = w.batch / (alloc.dp * mb)  # sequences per group
-    prefill_tokens = group * w.prompt_len
-    context = w.prompt_len + w.gen_len / 2
+    prompt_len = w.computed_prompt_len
+    prefill_tokens = group * prompt_len
+    context = prompt_len + w.gen_len / 2
     if hw.profile is not None:
-        prefill = _measured("forward", spec, prefill_tokens, alloc, hw, w.prompt_len) * spec.num_layers + _measured(
+        prefill = _measured("forward", spec, prefill_tokens, alloc, hw, prompt_len) * spec.num_layers + _measured(
             "head_forward", spec, group, alloc, hw
         )
         decode = _measured("decode", spec, group, alloc, hw, context) * spec.num_layers + _measured(
@@ -802,7 +838,8 @@ class Evaluator:
             out["realloc_critic"] = (
                 self.move("critic", allocs["critic_train"], allocs["critic_inf"]) if with_moves else 0.0
             )
-        return out
+        overhead = self.hw.call_overhead_s
+        return {c: t + overhead for c, t in out.items()} if overhead else out
 
     def scheduled_calls(
         self, calls: tuple[tuple[str, CallAllocation], ...], with_moves: bool = True
@@ -823,7 +860,16 @@ class Evaluator:
         seconds = self.durations(calls, with_moves) if seconds is None else seconds
         atoms = self._atoms(calls)
         groups = {c: atoms.get(c) or _scheduled_devices(c, atoms) for c in seconds}
-        return max(end for _, end in list_schedule(seconds, groups).values())
+        period = max(end for _, end in list_schedule(seconds, groups).values())
+        if self.hw.num_cores is None:
+            return period
+        return max(period, self.device_seconds(calls, seconds) / self.hw.num_cores)
+
+    def device_seconds(self, calls: tuple[tuple[str, CallAllocation], ...], seconds: Mapping[str, float]) -> float:
+        """Each call's seconds times its number of devices, summed: the compute an iteration asks of
+        devices that share ``hw.num_cores`` cores (each device process computes on one thread)."""
+        devices = {c: a.devices for c, a in calls}
+        return sum(t * len(devices.get(c) or _scheduled_devices(c, devices)) for c, t in seconds.items())
 
     def _atoms(self, calls: tuple[tuple[str, CallAllocation], ...]) -> dict[str, list[int]]:
         """Per call, the GPU groups it uses, where a group holds GPUs that every call either uses

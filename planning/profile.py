@@ -50,6 +50,13 @@ from a point this small would carry its fixed per-call overhead along."""
 CUDA_GRID = dict(batches=(1, 8, 32), seqs=(128, 512), contexts=(256, 1024), tps=(1, 2, 4, 8))
 
 
+def _cores(device: str) -> int | None:
+    """The cores this process may run on (CPU), which a CPU run's device processes share."""
+    if device != "cpu":
+        return None
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
 def _shape_key(spec: ModelSpec) -> str:
     return f"h{spec.hidden_size}-i{spec.intermediate_size}-a{spec.num_heads}-kv{spec.num_kv_heads}-d{spec.head_dim}"
 
@@ -65,18 +72,30 @@ def _layer_flops_per_token(spec: ModelSpec) -> float:
 
 @dataclass
 class Profile:
-    """Measured per-layer seconds: ``entries`` rows ``{op, shape, tp, tokens, context, seconds}``."""
+    """Measured per-layer seconds: ``entries`` rows ``{op, shape, tp, tokens, context, seconds}``; on a
+    CPU, the machine's cores (its device processes share them) and the fixed seconds of one call."""
 
     device: str
     entries: list[dict[str, Any]] = field(default_factory=list)
     shapes: dict[str, dict[str, Any]] = field(default_factory=dict)  # shape key -> ModelSpec fields (ints, bools)
+    num_cores: int | None = None
+    """The profiled machine's cores (CPU; None on CUDA, where each device computes on its own)."""
+    call_overhead_s: float = 0.0
+    """Seconds of a call on an (almost) empty batch: ``bench/empty_calls.py --profile`` writes it (0: not measured)."""
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        data = {
+            "device": self.device,
+            "num_cores": self.num_cores,
+            "call_overhead_s": self.call_overhead_s,
+            "shapes": self.shapes,
+            "entries": self.entries,
+        }
         with os.fdopen(fd, "w") as f:
-            json.dump({"device": self.device, "shapes": self.shapes, "entries": self.entries}, f, indent=1)
+            json.dump(data, f, indent=1)
         os.replace(tmp, path)
 
     @classmethod
@@ -94,7 +113,13 @@ class Profile:
                 raise ValueError(
                     f"{path}: entries[{i}] has missing keys {sorted(missing)} or unknown op {row.get('op')!r}"
                 )
-        return cls(data["device"], data["entries"], data["shapes"])
+        return cls(
+            data["device"],
+            data["entries"],
+            data["shapes"],
+            data.get("num_cores"),
+            float(data.get("call_overhead_s", 0.0)),
+        )
 
     def seconds(self, op: str, spec: ModelSpec, *, tokens: float, context: float = 0.0, tp: int = 1) -> float:
         """Seconds of ``op`` for one layer (or the LM head) of ``spec`` on ``tokens`` tokens.
@@ -229,7 +254,7 @@ def measure(
         dtype = "bfloat16" if device == "cuda" else "float32"
     torch_dtype = dtypes.torch_dtype(dtype)
     name = torch.cuda.get_device_name() if device == "cuda" else f"cpu x{torch.get_num_threads()} threads"
-    profile = Profile(f"{name} ({str(torch_dtype).removeprefix('torch.')})")
+    profile = Profile(f"{name} ({str(torch_dtype).removeprefix('torch.')})", num_cores=_cores(device))
     jobs = [
         (n, s, tp)
         for n, s in specs.items()

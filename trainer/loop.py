@@ -138,11 +138,12 @@ def resolve_reward_model_dir(cfg: TrainConfig) -> Path | None:
 
 
 def execution_plan(
-    cfg: TrainConfig, policy_dir: Path, reward_dir: Path | None, run_dir: Path
+    cfg: TrainConfig, policy_dir: Path, reward_dir: Path | None, run_dir: Path, longest_prompt: int | None = None
 ) -> tuple[ExecutionPlan, MemoryLifecycle]:
     """The run's plan (``trainer.plan_select.resolve_plan``: heuristic, search, disjoint or a file),
     checked against the cluster and the models and written to ``run_dir/plan.yaml``, and its memory
-    lifecycle (``run_dir/memory_lifecycle.json``: per device and phase, what the runtime will hold)."""
+    lifecycle (``run_dir/memory_lifecycle.json``: per device and phase, what the runtime will hold).
+    ``longest_prompt``: the run's longest rendered training prompt (the search prices time at it)."""
     from planning.execution_plan import PlanError
     from runtime.topology import UnsupportedPlan, check_supported
     from trainer.plan_select import model_specs, plan_lifecycle, resolve_plan
@@ -150,7 +151,7 @@ def execution_plan(
     critic_dir = policy_dir if cfg.critic.from_policy else None
     try:
         specs = model_specs(cfg, actor_dir=policy_dir, critic_dir=critic_dir, reward_dir=reward_dir)
-        plan = resolve_plan(cfg, specs, run_dir=run_dir, log=_log)
+        plan = resolve_plan(cfg, specs, run_dir=run_dir, log=_log, longest_prompt=longest_prompt)
         check_supported(plan, specs)
     except (PlanError, UnsupportedPlan) as e:
         raise TrainingError(str(e)) from None
@@ -254,7 +255,8 @@ def _attempt(cfg: TrainConfig, run_dir: Path, prepared: Prepared, restarts: list
     run = None
     try:
         policy_dir = warm_start(cfg, prepared.base_dir, prepared.train_problems)
-        plan, lifecycle = execution_plan(cfg, policy_dir, prepared.reward_dir, run_dir)
+        longest = max(len(prepared.prompt_tokens[p.id]) for p in prepared.train_problems)
+        plan, lifecycle = execution_plan(cfg, policy_dir, prepared.reward_dir, run_dir, longest)
         runtime = deploy(cfg, cluster, plan, lifecycle, policy_dir)
         p = prepared
         kl_ctl = make_kl_controller(cfg.ppo)

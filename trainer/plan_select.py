@@ -125,10 +125,12 @@ def model_specs(
     return specs
 
 
-def workload(cfg: TrainConfig, specs: dict[str, ModelSpec]):
+def workload(cfg: TrainConfig, specs: dict[str, ModelSpec], longest_prompt: int | None = None):
     """The cost model's ``Workload`` of one iteration as the runtime runs it: full prompt and response
     length, the run's compute dtype (``model.dtype``: float32 runs hold twice the bytes of bf16 ones),
-    its PPO epochs and minibatches, and the old logprobs' forward on actor training's layout."""
+    its PPO epochs and minibatches, and the old logprobs' forward on actor training's layout.
+    ``longest_prompt``: tokens of the run's longest rendered training prompt, when known (time is then
+    priced at it: the runtime trims padding to each micro-batch's longest row)."""
     from common.dtypes import torch_dtype
     from planning.estimator import Workload
     from runtime.topology import RUNTIME_LIMITS
@@ -146,6 +148,7 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec]):
         num_epochs=cfg.ppo.num_epochs,
         num_minibatches=cfg.ppo.num_minibatches,
         old_logprobs_pass=True,  # the runtime's Call.actor_inf
+        longest_prompt=longest_prompt,
     )
 
 
@@ -169,18 +172,19 @@ def resolve_plan(
     *,
     run_dir: Path | None = None,
     log: Callable[[str], None] | None = None,
+    longest_prompt: int | None = None,
 ) -> ExecutionPlan:
     """The execution plan ``cfg.cluster.plan`` names, validated against the cluster and ``specs``.
 
     With ``run_dir``, the plan is also written there as ``plan.yaml`` (a searched plan is only
-    reproducible from that file). Raises PlanError.
+    reproducible from that file). ``longest_prompt``: as ``workload``'s. Raises PlanError.
     """
     from planning.builders import fit_microbatches, realm_disjoint_plan, realm_heuristic_plan
     from planning.estimator import hardware
 
     cl, r = cfg.cluster, cfg.rollout
     rows, seq_len = r.num_prompts * r.num_samples_per_prompt, r.max_prompt_tokens + r.max_new_tokens
-    w, hw = workload(cfg, specs), hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
+    w, hw = workload(cfg, specs, longest_prompt), hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
     if cl.plan == "heuristic":
         plan = fit_microbatches(realm_heuristic_plan(cl, specs, rows=rows, seq_len=seq_len), w, hw)
         where = "cluster.plan=heuristic"

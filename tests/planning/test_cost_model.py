@@ -197,3 +197,70 @@ def test_the_search_uses_the_new_pricing_consistently():
     calls = tuple((c, plan.calls[c]) for c in w.calls)
     ev = evaluator(w, hw)
     assert ev.period(calls, with_moves=False) <= estimate_plan(plan, w, hw).seconds_per_iteration
+
+
+# ----------------------------------------------------------------------------------------------- (e) what a CPU run computes
+
+
+def test_time_is_priced_at_the_longest_prompt_and_memory_at_the_configured_one():
+    """The runtime trims padding to each micro-batch's longest row: with prompts of at most 50 tokens
+    in a run configured for 250, reference inference of 2 sequences computes on 2 x (50 + 50) = 200
+    tokens (2 layers x 0.25 s + head 0.125 s, past the grid: proportional, x 2 = 1.25 s), not 2 x 300;
+    its memory is still priced at 250 + 50 tokens (a prompt may be that long)."""
+    from planning.estimator import call_memory
+
+    configured = Workload(TINY, TINY, None, batch=2, prompt_len=250, gen_len=50)
+    run = Workload(TINY, TINY, None, batch=2, prompt_len=250, gen_len=50, longest_prompt=50)
+    one = CallAllocation((0,))
+    hw = no_link_costs(1)
+    assert call_seconds("ref_inf", TINY, one, run, hw) == pytest.approx(2 * (2 * 0.25 + 0.125))
+    assert call_seconds("ref_inf", TINY, one, configured, hw) == pytest.approx(6 * (2 * 0.25 + 0.125))
+    assert call_memory("ref_inf", TINY, one, run) == call_memory("ref_inf", TINY, one, configured)
+    # A longest prompt past the configured limit is cut to it, as the runtime cuts the prompt.
+    assert (
+        Workload(TINY, TINY, None, batch=2, prompt_len=250, gen_len=50, longest_prompt=400).computed_prompt_len == 250
+    )
+
+
+def test_every_call_pays_the_fixed_overhead_and_cpu_devices_share_the_cores():
+    """Every call of an iteration on one device, then with a fixed overhead of 0.25 s per call: each
+    call of the schedule is 0.25 s longer. One device on 2 cores: no change. The same calls each on 4
+    data-parallel devices sharing 2 cores: the iteration asks 4 x (each call's seconds) device-seconds
+    of 2 cores, and takes at least half of that."""
+    import dataclasses
+
+    w = Workload(TINY, TINY, None, batch=4, prompt_len=50, gen_len=10, old_logprobs_pass=True)
+    one = CallAllocation((0,))
+    calls = {c: one for c in ("actor_gen", "actor_train", "ref_inf", "critic_inf", "critic_train")}
+    plan = ExecutionPlan(1, 1, calls)
+    profile = train_profile()
+    base = iteration_schedule(plan, w, dataclasses.replace(no_link_costs(1), profile=profile))
+    slow = iteration_schedule(plan, w, dataclasses.replace(no_link_costs(1), profile=profile, call_overhead_s=0.25))
+    assert set(slow.calls) == set(base.calls)
+    for name, call in slow.calls.items():
+        assert call.end - call.start == pytest.approx(base.calls[name].end - base.calls[name].start + 0.25)
+    # One device: the list schedule is the sum of its calls; 2 cores do not shorten it.
+    alone = dataclasses.replace(no_link_costs(1), profile=profile, num_cores=2)
+    assert estimate_plan(plan, w, alone).seconds_per_iteration == pytest.approx(base.seconds)
+    # The same calls each on 4 data-parallel devices (a quarter of the rows each): 4 x the device-seconds
+    # of the schedule over 2 cores.
+    wide = CallAllocation((0, 1, 2, 3), dp=4)
+    plan4 = ExecutionPlan(1, 4, {c: wide for c in calls})
+    free4 = dataclasses.replace(no_link_costs(4), profile=profile)
+    schedule4 = iteration_schedule(plan4, w, free4)
+    device_seconds = sum(4 * (c.end - c.start) for c in schedule4.calls.values())
+    shared = estimate_plan(plan4, w, dataclasses.replace(free4, num_cores=2)).seconds_per_iteration
+    assert shared == pytest.approx(max(schedule4.seconds, device_seconds / 2)) and shared > schedule4.seconds
+
+
+def train_profile() -> Profile:
+    """``tiny_profile`` with the training ops: a layer's forward + backward of 100 tokens 0.75 s, the
+    head's 0.375 s, Adam's step of a layer 0.01 s."""
+    p = tiny_profile()
+    key = _shape_key(TINY)
+    p.entries += [
+        {"op": "train", "shape": key, "tp": 1, "tokens": 100, "context": 0, "seconds": 0.75},
+        {"op": "head_train", "shape": key, "tp": 1, "tokens": 100, "context": 0, "seconds": 0.375},
+        {"op": "optimizer", "shape": key, "tp": 1, "tokens": 0, "context": 0, "seconds": 0.01},
+    ]
+    return p

@@ -131,3 +131,23 @@ def test_search_uses_the_profile_it_is_given():
 def test_measure_takes_the_one_dtype_table():
     with pytest.raises(ValueError, match=r"dtype='fp8': expected float32, bfloat16 or float16"):
         measure({}, device="cpu", grid={}, dtype="fp8", progress=False)
+
+
+def test_profile_keeps_the_machines_cores_and_call_overhead(tmp_path):
+    """A CPU profile carries its machine's cores and fixed per-call seconds to the cost model; a profile
+    written before they existed loads with neither (None, 0)."""
+    p = hand_profile()
+    p.num_cores, p.call_overhead_s = 2, 0.02
+    p.save(tmp_path / "p.json")
+    loaded = Profile.load(tmp_path / "p.json")
+    assert (loaded.num_cores, loaded.call_overhead_s) == (2, 0.02)
+    hw = hardware("cpu", 1, 4, loaded)
+    assert (hw.num_cores, hw.call_overhead_s) == (2, 0.02)
+    assert (hardware("h100", 1, 8).num_cores, hardware("h100", 1, 8).call_overhead_s) == (None, 0.0)
+    old = json.loads((tmp_path / "p.json").read_text())
+    del old["num_cores"], old["call_overhead_s"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert (Profile.load(tmp_path / "old.json").num_cores, Profile.load(tmp_path / "old.json").call_overhead_s) == (
+        None,
+        0.0,
+    )
