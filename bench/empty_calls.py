@@ -98,6 +98,13 @@ def call_overhead(median_s: dict[str, float]) -> float:
     return statistics.median(t for call, t in median_s.items() if call not in TRAINING_CALLS)
 
 
+def step_overhead(median_s: dict[str, float], num_steps: int) -> float:
+    """The fixed seconds of one optimizer step: an empty training call's time (the median of the two)
+    beyond ``call_overhead``, over its ``num_steps`` optimizer steps."""
+    train = statistics.median(median_s[c] for c in TRAINING_CALLS if c in median_s)
+    return max(0.0, train - call_overhead(median_s)) / num_steps
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python bench/empty_calls.py --profile PROFILE.json [KEY=VALUE ...]``: time the default config's
     plan (with the Hydra overrides given) on empty batches and write the fixed per-call cost into the
@@ -131,10 +138,15 @@ def main(argv: list[str] | None = None) -> int:
     for call, seconds in result["median_s"].items():
         print(f"  {call:<20} {seconds * 1e3:8.1f} ms")
     profile.call_overhead_s = call_overhead(result["median_s"])
+    profile.step_overhead_s = step_overhead(result["median_s"], cfg.ppo.num_epochs * cfg.ppo.num_minibatches)
     profile.save(args.profile)
-    print(f"call overhead {profile.call_overhead_s * 1e3:.1f} ms -> {args.profile}")
+    print(
+        f"call overhead {profile.call_overhead_s * 1e3:.1f} ms, optimizer step overhead "
+        f"{profile.step_overhead_s * 1e3:.1f} ms -> {args.profile}"
+    )
     if args.json:
-        atomic_write_text(Path(args.json), json.dumps({**result, "call_overhead_s": profile.call_overhead_s}, indent=1))
+        overheads = {"call_overhead_s": profile.call_overhead_s, "step_overhead_s": profile.step_overhead_s}
+        atomic_write_text(Path(args.json), json.dumps({**result, **overheads}, indent=1))
     return 0
 
 

@@ -37,9 +37,10 @@ The per-call model is analytic unless ``Hardware.profile`` holds measured per-la
   (``planning.schedule``);
 - what a run computes: time at the run's longest prompt (``Workload.longest_prompt``: the runtime
   trims padding to each micro-batch's longest row), memory at the configured prompt length;
-- on a CPU machine (a profile's ``num_cores`` and ``call_overhead_s``): every call pays the measured
-  fixed cost of an empty call, and the devices share the machine's cores, so an iteration takes at
-  least its device-seconds over the cores.
+- on a CPU machine (a profile's ``num_cores``, ``call_overhead_s``, ``step_overhead_s``): every call
+  pays the measured fixed cost of an empty call and every optimizer step that of an empty step; the
+  devices share the machine's cores, so a call on more devices than cores takes devices / cores times
+  as long, and an iteration at least its device-seconds over the cores.
 
 Numbers are for ranking plans, not for predicting wall time to the second.
 """
@@ -90,6 +91,10 @@ class Hardware:
     """Seconds every call pays whatever its batch: the driver's dispatch, Ray's scheduling and
     serialization, the device process's dispatch (on CPU from the profile, measured by
     ``bench/empty_calls.py``; 0 in the GPU presets, where it is small against a call and not measured)."""
+    step_overhead_s: float = 0.0
+    """Seconds each optimizer step of a training call pays whatever its batch beyond the Adam arithmetic
+    the profile prices: FSDP's gradient reduce-scatter and the optimizer's per-parameter dispatch over
+    DTensors (as ``call_overhead_s``: on CPU from the profile, 0 in the GPU presets)."""
 
     @property
     def num_gpus(self) -> int:
@@ -142,7 +147,8 @@ def hardware(name: str, num_nodes: int, gpus_per_node: int, profile: object | No
         raise ValueError(f"need num_nodes >= 1 and gpus_per_node >= 1, got {num_nodes} x {gpus_per_node}")
     hw = Hardware(num_nodes=num_nodes, gpus_per_node=gpus_per_node, name=name, profile=profile, **HARDWARE[name])
     if name == "cpu" and profile is not None:  # the profiled machine's cores and fixed per-call cost
-        hw = replace(hw, num_cores=profile.num_cores, call_overhead_s=profile.call_overhead_s)  # type: ignore[attr-defined]
+        p: Any = profile
+        hw = replace(hw, num_cores=p.num_cores, call_overhead_s=p.call_overhead_s, step_overhead_s=p.step_overhead_s)
     return hw
 
 
@@ -311,7 +317,7 @@ def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload,
         t += steps * _measured("optimizer", spec, 0, alloc, hw) * spec.num_layers / (pp * dp)
     else:  # Adam reads and writes the fp32 state
         t += steps * 2 * n * (w.train_state_bytes - w.value_bytes) / (tp * pp * dp) / hw.hbm_bytes_per_s
-    return t
+    return t + steps * hw.step_overhead_s
 
 
 def training_layout_forward_seconds(spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:
@@ -838,8 +844,16 @@ class Evaluator:
             out["realloc_critic"] = (
                 self.move("critic", allocs["critic_train"], allocs["critic_inf"]) if with_moves else 0.0
             )
-        overhead = self.hw.call_overhead_s
-        return {c: t + overhead for c, t in out.items()} if overhead else out
+        if self.hw.num_cores is None and not self.hw.call_overhead_s:
+            return out
+        # On a machine whose devices share its cores, a call on more devices than cores runs at most that
+        # many of them at once.
+        devices = {c: a.devices for c, a in calls}
+        cores = self.hw.num_cores or math.inf
+        return {
+            c: (t + self.hw.call_overhead_s) * max(1.0, len(devices.get(c) or _scheduled_devices(c, devices)) / cores)
+            for c, t in out.items()
+        }
 
     def scheduled_calls(
         self, calls: tuple[tuple[str, CallAllocation], ...], with_moves: bool = True
@@ -866,10 +880,12 @@ class Evaluator:
         return max(period, self.device_seconds(calls, seconds) / self.hw.num_cores)
 
     def device_seconds(self, calls: tuple[tuple[str, CallAllocation], ...], seconds: Mapping[str, float]) -> float:
-        """Each call's seconds times its number of devices, summed: the compute an iteration asks of
-        devices that share ``hw.num_cores`` cores (each device process computes on one thread)."""
+        """The compute an iteration asks of devices that share ``hw.num_cores`` cores (each device process
+        computes on one thread): each call's seconds times the devices it runs at once (all of them, or
+        as many as there are cores)."""
         devices = {c: a.devices for c, a in calls}
-        return sum(t * len(devices.get(c) or _scheduled_devices(c, devices)) for c, t in seconds.items())
+        cores = self.hw.num_cores or math.inf
+        return sum(t * min(cores, len(devices.get(c) or _scheduled_devices(c, devices))) for c, t in seconds.items())
 
     def _atoms(self, calls: tuple[tuple[str, CallAllocation], ...]) -> dict[str, list[int]]:
         """Per call, the GPU groups it uses, where a group holds GPUs that every call either uses

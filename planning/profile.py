@@ -82,6 +82,8 @@ class Profile:
     """The profiled machine's cores (CPU; None on CUDA, where each device computes on its own)."""
     call_overhead_s: float = 0.0
     """Seconds of a call on an (almost) empty batch: ``bench/empty_calls.py --profile`` writes it (0: not measured)."""
+    step_overhead_s: float = 0.0
+    """Seconds of one optimizer step of a training call on an empty batch beyond ``call_overhead_s`` (as it)."""
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -91,6 +93,7 @@ class Profile:
             "device": self.device,
             "num_cores": self.num_cores,
             "call_overhead_s": self.call_overhead_s,
+            "step_overhead_s": self.step_overhead_s,
             "shapes": self.shapes,
             "entries": self.entries,
         }
@@ -119,6 +122,7 @@ class Profile:
             data["shapes"],
             data.get("num_cores"),
             float(data.get("call_overhead_s", 0.0)),
+            float(data.get("step_overhead_s", 0.0)),
         )
 
     def seconds(self, op: str, spec: ModelSpec, *, tokens: float, context: float = 0.0, tp: int = 1) -> float:

@@ -223,34 +223,59 @@ def test_time_is_priced_at_the_longest_prompt_and_memory_at_the_configured_one()
 
 
 def test_every_call_pays_the_fixed_overhead_and_cpu_devices_share_the_cores():
-    """Every call of an iteration on one device, then with a fixed overhead of 0.25 s per call: each
-    call of the schedule is 0.25 s longer. One device on 2 cores: no change. The same calls each on 4
-    data-parallel devices sharing 2 cores: the iteration asks 4 x (each call's seconds) device-seconds
-    of 2 cores, and takes at least half of that."""
+    """Every call of an iteration on one device, then with a fixed overhead of 0.25 s per call and 0.5 s
+    per optimizer step: each call of the schedule is 0.25 s longer, the training calls 2 x 2 x 0.5 s more
+    (2 epochs of 2 minibatches). One device on 2 cores: no change. The same calls each on 4 data-parallel
+    devices sharing 2 cores: each call takes twice as long (2 of its 4 devices run at a time)."""
     import dataclasses
 
     w = Workload(TINY, TINY, None, batch=4, prompt_len=50, gen_len=10, old_logprobs_pass=True)
+    w = dataclasses.replace(w, num_epochs=2, num_minibatches=2)
     one = CallAllocation((0,))
     calls = {c: one for c in ("actor_gen", "actor_train", "ref_inf", "critic_inf", "critic_train")}
     plan = ExecutionPlan(1, 1, calls)
-    profile = train_profile()
-    base = iteration_schedule(plan, w, dataclasses.replace(no_link_costs(1), profile=profile))
-    slow = iteration_schedule(plan, w, dataclasses.replace(no_link_costs(1), profile=profile, call_overhead_s=0.25))
+    free = dataclasses.replace(no_link_costs(1), profile=train_profile())
+    base = iteration_schedule(plan, w, free)
+    slow = iteration_schedule(plan, w, dataclasses.replace(free, call_overhead_s=0.25, step_overhead_s=0.5))
     assert set(slow.calls) == set(base.calls)
     for name, call in slow.calls.items():
-        assert call.end - call.start == pytest.approx(base.calls[name].end - base.calls[name].start + 0.25)
+        extra = 0.25 + (4 * 0.5 if name.endswith("_train") else 0.0)
+        assert call.end - call.start == pytest.approx(base.calls[name].end - base.calls[name].start + extra)
     # One device: the list schedule is the sum of its calls; 2 cores do not shorten it.
-    alone = dataclasses.replace(no_link_costs(1), profile=profile, num_cores=2)
+    alone = dataclasses.replace(free, num_cores=2)
     assert estimate_plan(plan, w, alone).seconds_per_iteration == pytest.approx(base.seconds)
-    # The same calls each on 4 data-parallel devices (a quarter of the rows each): 4 x the device-seconds
-    # of the schedule over 2 cores.
+    # Each call on 4 data-parallel devices, 2 cores: every call twice as long as with a core per device.
     wide = CallAllocation((0, 1, 2, 3), dp=4)
     plan4 = ExecutionPlan(1, 4, {c: wide for c in calls})
-    free4 = dataclasses.replace(no_link_costs(4), profile=profile)
-    schedule4 = iteration_schedule(plan4, w, free4)
-    device_seconds = sum(4 * (c.end - c.start) for c in schedule4.calls.values())
-    shared = estimate_plan(plan4, w, dataclasses.replace(free4, num_cores=2)).seconds_per_iteration
-    assert shared == pytest.approx(max(schedule4.seconds, device_seconds / 2)) and shared > schedule4.seconds
+    free4 = dataclasses.replace(no_link_costs(4), profile=train_profile())
+    own_cores = iteration_schedule(plan4, w, free4)
+    shared = iteration_schedule(plan4, w, dataclasses.replace(free4, num_cores=2))
+    for name, call in shared.calls.items():
+        alone4 = own_cores.calls[name]
+        assert call.end - call.start == pytest.approx(2 * (alone4.end - alone4.start))
+    assert estimate_plan(plan4, w, dataclasses.replace(free4, num_cores=2)).seconds_per_iteration == pytest.approx(
+        2 * own_cores.seconds
+    )
+
+
+def test_calls_side_by_side_on_shared_cores_take_the_cores_device_seconds():
+    """Reference inference on device 0 and critic inference on device 1 after generation on both, 2
+    devices and 1 core: side by side in the schedule, but one core computes both, so the iteration
+    takes at least the device-seconds of all its calls over that core."""
+    import dataclasses
+
+    w = Workload(TINY, TINY, None, batch=4, prompt_len=50, gen_len=10)
+    both, a, b = CallAllocation((0, 1), dp=2), CallAllocation((0,)), CallAllocation((1,))
+    plan = ExecutionPlan(1, 2, {"actor_gen": both, "actor_train": a, "ref_inf": a, "critic_inf": b, "critic_train": b})
+    free = dataclasses.replace(no_link_costs(2), profile=train_profile())
+    schedule = iteration_schedule(plan, w, free)
+    device_seconds = sum((c.end - c.start) * len(c.devices) for c in schedule.calls.values())
+    assert estimate_plan(plan, w, free).seconds_per_iteration == pytest.approx(schedule.seconds)
+    one_core = dataclasses.replace(free, num_cores=1)
+    scaled = iteration_schedule(plan, w, one_core)  # generation on 2 devices, 1 core: twice as long
+    gen = schedule.calls["actor_gen"]
+    assert scaled.calls["actor_gen"].end == pytest.approx(2 * (gen.end - gen.start))
+    assert estimate_plan(plan, w, one_core).seconds_per_iteration == pytest.approx(device_seconds)
 
 
 def train_profile() -> Profile:

@@ -134,18 +134,18 @@ def test_measure_takes_the_one_dtype_table():
 
 
 def test_profile_keeps_the_machines_cores_and_call_overhead(tmp_path):
-    """A CPU profile carries its machine's cores and fixed per-call seconds to the cost model; a profile
-    written before they existed loads with neither (None, 0)."""
+    """A CPU profile carries its machine's cores and fixed per-call and per-step seconds to the cost
+    model; a profile written before they existed loads without them (None, 0, 0)."""
     p = hand_profile()
-    p.num_cores, p.call_overhead_s = 2, 0.02
+    p.num_cores, p.call_overhead_s, p.step_overhead_s = 2, 0.02, 0.04
     p.save(tmp_path / "p.json")
     loaded = Profile.load(tmp_path / "p.json")
-    assert (loaded.num_cores, loaded.call_overhead_s) == (2, 0.02)
+    assert (loaded.num_cores, loaded.call_overhead_s, loaded.step_overhead_s) == (2, 0.02, 0.04)
     hw = hardware("cpu", 1, 4, loaded)
-    assert (hw.num_cores, hw.call_overhead_s) == (2, 0.02)
+    assert (hw.num_cores, hw.call_overhead_s, hw.step_overhead_s) == (2, 0.02, 0.04)
     assert (hardware("h100", 1, 8).num_cores, hardware("h100", 1, 8).call_overhead_s) == (None, 0.0)
     old = json.loads((tmp_path / "p.json").read_text())
-    del old["num_cores"], old["call_overhead_s"]
+    del old["num_cores"], old["call_overhead_s"], old["step_overhead_s"]
     (tmp_path / "old.json").write_text(json.dumps(old))
     assert (Profile.load(tmp_path / "old.json").num_cores, Profile.load(tmp_path / "old.json").call_overhead_s) == (
         None,
