@@ -1,5 +1,6 @@
 """Calibration of whole iterations: the cost model's predicted seconds per PPO iteration, and per
-call, against what real runs of the same plans measured on this machine.
+call, against what real runs of the same plans measured on this machine. ``scripts/plan_calibration.sh``
+makes the profile and the runs and calls this.
 
     .venv/bin/python -m planning.profile --out PROFILE.json        # per-layer costs on this CPU
     .venv/bin/python bench/plan_calibration.py --profile PROFILE.json --runs RUN_DIR [RUN_DIR ...] \

@@ -8,6 +8,7 @@ field: it is an execution plan (``planning/execution_plan.py``), chosen at start
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 HARDWARE = ("cpu", "a100-80g", "h100", "h200")
 PLAN_RULES = ("heuristic", "search", "disjoint")
@@ -34,6 +35,11 @@ class ClusterConfig:
     or a path to a plan YAML file (validated against this cluster and the model)."""
     plan_search_seconds: float = 30.0
     """Time budget of `plan=search`."""
+    profile: str = ""
+    """A cost-model profile of this machine (``python -m planning.profile --out P.json``, then
+    ``python bench/empty_calls.py --profile P.json`` for the fixed per-call costs) that the search, the
+    heuristic's micro-batch fitting and the dry run price time with. Empty: the ``hardware`` preset's
+    analytic model."""
     collective_timeout_s: float = 1800.0
     """How long a collective (an all-reduce, an all-gather, a point-to-point transfer) may wait for its
     peers before it fails, on every process group the device processes create. NCCL's watchdog default
@@ -59,5 +65,9 @@ class ClusterConfig:
             raise ValueError(f"cluster.plan is empty: expected {', '.join(PLAN_RULES)} or a plan YAML path")
         if self.plan_search_seconds <= 0:
             raise ValueError(f"cluster.plan_search_seconds={self.plan_search_seconds}: must be > 0")
+        if self.profile and not Path(self.profile).expanduser().is_file():
+            raise ValueError(
+                f"cluster.profile={self.profile}: no such file (write one with python -m planning.profile)"
+            )
         if self.collective_timeout_s <= 0:
             raise ValueError(f"cluster.collective_timeout_s={self.collective_timeout_s}: must be > 0")

@@ -152,6 +152,22 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec], longest_prompt: int 
     )
 
 
+def cluster_hardware(cl: ClusterConfig):
+    """The cost model's ``Hardware`` for the configured cluster, with ``cluster.profile``'s measured
+    costs when one is given (a PlanError names the key and the file when it cannot be read)."""
+    from planning.estimator import hardware
+
+    profile = None
+    if cl.profile:
+        from planning.profile import Profile
+
+        try:
+            profile = Profile.load(Path(cl.profile).expanduser())
+        except ValueError as e:
+            raise PlanError(f"cluster.profile: {e}") from None
+    return hardware(cl.hardware, cl.num_nodes, cl.devices_per_node, profile)
+
+
 # ----------------------------------------------------------------------------------------------- resolve
 
 
@@ -180,11 +196,10 @@ def resolve_plan(
     reproducible from that file). ``longest_prompt``: as ``workload``'s. Raises PlanError.
     """
     from planning.builders import fit_microbatches, realm_disjoint_plan, realm_heuristic_plan
-    from planning.estimator import hardware
 
     cl, r = cfg.cluster, cfg.rollout
     rows, seq_len = r.num_prompts * r.num_samples_per_prompt, r.max_prompt_tokens + r.max_new_tokens
-    w, hw = workload(cfg, specs, longest_prompt), hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
+    w, hw = workload(cfg, specs, longest_prompt), cluster_hardware(cl)
     if cl.plan == "heuristic":
         plan = fit_microbatches(realm_heuristic_plan(cl, specs, rows=rows, seq_len=seq_len), w, hw)
         where = "cluster.plan=heuristic"
@@ -250,13 +265,13 @@ def plan_report(cfg: TrainConfig) -> PlanReport:
     own (resident + active) bytes per device; the peak is the fullest device of its mesh with every
     model the plan keeps there.
     """
-    from planning.estimator import call_memory, estimate_plan, hardware, memory_lifecycle
+    from planning.estimator import call_memory, estimate_plan, memory_lifecycle
 
     cl = cfg.cluster
     specs = model_specs(cfg)
     plan = resolve_plan(cfg, specs)
     w = workload(cfg, specs)
-    hw = hardware(cl.hardware, cl.num_nodes, cl.devices_per_node)
+    hw = cluster_hardware(cl)
     cost = estimate_plan(plan, w, hw)
     gib = float(1 << 30)
     lines = [
@@ -290,7 +305,7 @@ def plan_report(cfg: TrainConfig) -> PlanReport:
 def plan_lifecycle(cfg: TrainConfig, plan: ExecutionPlan, specs: dict[str, ModelSpec]) -> MemoryLifecycle:
     """The plan's device-memory lifecycle on the configured hardware (``planning.lifecycle``): what the
     cost model priced, and the budgets and phases the runtime follows."""
-    from planning.estimator import hardware, memory_lifecycle
+    from planning.estimator import memory_lifecycle
 
     cl = cfg.cluster
-    return memory_lifecycle(plan, workload(cfg, specs), hardware(cl.hardware, cl.num_nodes, cl.devices_per_node))
+    return memory_lifecycle(plan, workload(cfg, specs), cluster_hardware(cl))

@@ -302,3 +302,20 @@ def test_a_public_prm_is_planned_from_its_known_shape_without_download():
     assert round(specs["reward"].num_params() / 1e9, 2) == 7.24  # Mistral-7B
     rew = resolve_plan(cfg, specs).calls["rew_inf"]
     assert (rew.tp, rew.dp, rew.offload) == (1, 8, True)  # 14.5 GB of weights per GPU, only during its call
+
+
+def test_cluster_profile_prices_the_dry_run_with_measured_costs(tmp_path):
+    """cluster.profile: the dry run's prediction comes from the profile (here the one committed with the
+    calibration, docs/plan_calibration_profile.json: this machine's layer costs, its 2 cores and fixed
+    call costs) instead of the cpu preset's analytic model; a missing file or a broken one is named."""
+    from trainer.plan_select import plan_report
+
+    profile = Path(__file__).resolve().parents[2] / "docs" / "plan_calibration_profile.json"
+    analytic = plan_report(_cfg()).summary
+    measured = plan_report(_cfg(f"cluster.profile={profile}")).summary
+    assert analytic != measured and "predicted" in measured
+    with pytest.raises(ValueError, match="cluster.profile=.*no such file"):
+        _cfg(f"cluster.profile={tmp_path / 'missing.json'}")
+    (tmp_path / "broken.json").write_text("{}")
+    with pytest.raises(PlanError, match=r"cluster.profile: .*broken.json: missing key 'device'"):
+        plan_report(_cfg(f"cluster.profile={tmp_path / 'broken.json'}"))
