@@ -247,10 +247,15 @@ def _pipeline_inputs(model: nn.Module, ranks: Ranks, batch: Mapping[str, Tensor]
 
 
 def _in_chunks(fn, batch: Mapping[str, Tensor], num_microbatches: int, ranks: Ranks) -> Tensor:
-    """``fn`` over micro-batches of rows of similar length (``batch.microbatch_rows``), at least
-    ``num_microbatches`` of them and as many as computes on the least padding (``microbatch_count``),
-    its [rows, T] outputs put back in row order."""
-    parts = B.microbatch_rows(batch, microbatch_count(batch, num_microbatches, ranks))
+    """``fn`` over ``num_microbatches`` micro-batches of rows of similar length (``batch.microbatch_rows``),
+    its [rows, T] outputs put back in row order.
+
+    The driver chose the count for throughput from the whole call (``PlanRuntime._inference_microbatches``);
+    it is not raised again here, per replica: an FSDP shard would then take the largest count of its
+    ranks and a replica of the same layout its own, the two would cut a rank's rows differently, and the
+    old logprobs would differ from the reference's in the last bits before the first update (KL 1e-9,
+    not 0)."""
+    parts = B.microbatch_rows(batch, microbatch_count(batch, num_microbatches, ranks, throughput=False))
     if len(parts) == 1:
         return fn(batch)
     outputs = torch.cat([fn(B.select(batch, rows)) for rows in parts])
@@ -259,13 +264,17 @@ def _in_chunks(fn, batch: Mapping[str, Tensor], num_microbatches: int, ranks: Ra
     return out
 
 
-def microbatch_count(batch: Mapping[str, Tensor], num_microbatches: int, ranks: Ranks) -> int:
-    """The plan's micro-batch count (a memory bound), raised where more and shorter micro-batches compute on
-    less padding (``batch.throughput_microbatches``: SmolLM2-135M's logprobs over 32 rows, one long response
-    among short ones, took 26 CPU-seconds in one micro-batch and 11 in 16). Collective when the model is
-    sharded: every rank of the model runs the same number of passes (FSDP's gathers and the pipeline's
-    sends pair up), the largest any rank asks for, and no rank more than it has rows."""
-    wanted, num_rows = B.throughput_microbatches(batch, num_microbatches), B.num_rows(batch)
+def microbatch_count(
+    batch: Mapping[str, Tensor], num_microbatches: int, ranks: Ranks, *, throughput: bool = True
+) -> int:
+    """The plan's micro-batch count (a memory bound), with ``throughput`` raised where more and shorter
+    micro-batches compute on less padding (``batch.throughput_microbatches``: SmolLM2-135M's logprobs over
+    32 rows, one long response among short ones, took 26 CPU-seconds in one micro-batch and 11 in 16).
+    Collective when the model is sharded: every rank of the model runs the same number of passes (FSDP's
+    gathers and the pipeline's sends pair up), the largest any rank asks for, and no rank more than it
+    has rows."""
+    wanted = B.throughput_microbatches(batch, num_microbatches) if throughput else max(1, num_microbatches)
+    num_rows = B.num_rows(batch)
     if ranks.model_sharded:
         import torch.distributed as dist
 

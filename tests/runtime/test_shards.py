@@ -78,6 +78,26 @@ def test_logprobs_match_unpadded_forward_and_ref(tiny_model_dir):
     assert torch.equal(ref.compute_logprobs(batch), logprobs)
 
 
+def test_inference_cuts_rows_into_the_drivers_count_not_its_own(tiny_model_dir):
+    """The driver chooses an inference call's micro-batch count from the whole batch; a replica must not
+    raise it again from its own rows (an FSDP shard of the same layout takes its ranks' largest count, so
+    the two would cut a rank's rows differently and KL before the first update would be 1e-9, not 0).
+    Responses of 200, 10, 10, 10 tokens: alone, these rows would ask for 4 micro-batches
+    (``test_batch.py``'s worked example); given 1 and 2, the reference runs 1 and 2 forwards."""
+    from ppo.batch import throughput_microbatches
+
+    batch = pad_batch([[7] * 5] * 4, [[5] * 200, [5] * 10, [5] * 10, [5] * 10], pad_id=0)
+    assert throughput_microbatches(batch, 1) == 4
+    ref = ReferenceShard(model_dir=str(tiny_model_dir))
+    forwards = []
+    model_forward = ref.model.forward
+    ref.model.forward = lambda *a, **k: forwards.append(1) or model_forward(*a, **k)
+    for count in (1, 2):
+        forwards.clear()
+        ref.compute_logprobs(batch, count)
+        assert len(forwards) == count
+
+
 def test_critic_starts_at_zero_and_learns(tiny_model_dir):
     batch = make_batch()
     critic = CriticShard(
