@@ -15,9 +15,12 @@ run's cluster shape, with the profile's measured per-layer costs.
 Measured, per run: the median over the PPO iterations after the first (the first carries warm-up)
 of ``time/iteration`` (the whole iteration, driver work included) and of the calls' span (first call
 start to last call end), and of each call's span across its devices (``call/<name>/start_s`` to
-``end_s``). Predicted: ``estimate_plan``'s iteration and ``iteration_schedule``'s calls. Over all
-runs: the median relative error and Spearman's rank correlation of predicted against measured
-iteration times, and per call the median of measured over predicted (which term is off, by how much).
+``end_s``). Predicted, with the workload priced as ``train.py`` prices it (the run's longest rendered
+prompt): ``estimate_plan``'s iteration, ``iteration_schedule``'s calls and its schedule alone (without
+the shared-cores bound), and the model before it priced the run's prompts, the shared cores and the
+fixed per-call costs (``predicted_before_s``). Over all runs: the median relative error and Spearman's
+rank correlation of each prediction against the measured iteration times, and per call the median of
+measured over predicted (which term is off, by how much).
 """
 
 from __future__ import annotations
