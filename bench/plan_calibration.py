@@ -60,8 +60,8 @@ def run_config(run_dir: Path) -> Any:
 
 
 def longest_prompt(cfg: Any) -> int:
-    """Tokens of the longest training prompt as the run renders it: the runtime trims each micro-batch's
-    padding to its longest row, while the cost model prices ``rollout.max_prompt_tokens``."""
+    """Tokens of the longest training prompt as the run renders it (``train.py`` gives the cost model the
+    same number: the runtime trims each micro-batch's padding to its longest row)."""
     from transformers import AutoTokenizer
 
     from trainer.loop import load_data, render_prompts, resolve_model_dir
@@ -117,8 +117,8 @@ def compare(name: str, run_dir: Path, profile: Any) -> dict[str, Any]:
     hw = hardware("cpu", cfg.cluster.num_nodes, cfg.cluster.devices_per_node, profile)
     cost, schedule = estimate_plan(plan, w, hw), iteration_schedule(plan, w, hw)
     # What the cost model predicted before it priced the run's prompts, the machine's shared cores and
-    # the fixed per-call cost: the configured prompt length, a core per device, no overhead.
-    bare = replace(hw, num_cores=None, call_overhead_s=0.0)
+    # the fixed per-call and per-step costs: the configured prompt length, a core per device, no overheads.
+    bare = replace(hw, num_cores=None, call_overhead_s=0.0, step_overhead_s=0.0)
     before = estimate_plan(plan, replace(w, longest_prompt=None), bare).seconds_per_iteration
     got = measured(run_dir)
     calls = {

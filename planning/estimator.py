@@ -848,12 +848,8 @@ class Evaluator:
             return out
         # On a machine whose devices share its cores, a call on more devices than cores runs at most that
         # many of them at once.
-        devices = {c: a.devices for c, a in calls}
-        cores = self.hw.num_cores or math.inf
-        return {
-            c: (t + self.hw.call_overhead_s) * max(1.0, len(devices.get(c) or _scheduled_devices(c, devices)) / cores)
-            for c, t in out.items()
-        }
+        num_devices, cores = _num_devices(calls, out), self.hw.num_cores or math.inf
+        return {c: (t + self.hw.call_overhead_s) * max(1.0, num_devices[c] / cores) for c, t in out.items()}
 
     def scheduled_calls(
         self, calls: tuple[tuple[str, CallAllocation], ...], with_moves: bool = True
@@ -883,9 +879,8 @@ class Evaluator:
         """The compute an iteration asks of devices that share ``hw.num_cores`` cores (each device process
         computes on one thread): each call's seconds times the devices it runs at once (all of them, or
         as many as there are cores)."""
-        devices = {c: a.devices for c, a in calls}
-        cores = self.hw.num_cores or math.inf
-        return sum(t * min(cores, len(devices.get(c) or _scheduled_devices(c, devices))) for c, t in seconds.items())
+        num_devices, cores = _num_devices(calls, seconds), self.hw.num_cores or math.inf
+        return sum(t * min(cores, num_devices[c]) for c, t in seconds.items())
 
     def _atoms(self, calls: tuple[tuple[str, CallAllocation], ...]) -> dict[str, list[int]]:
         """Per call, the GPU groups it uses, where a group holds GPUs that every call either uses
@@ -922,6 +917,13 @@ class Evaluator:
             sum(moves.values()),
             overflow,
         )
+
+
+def _num_devices(calls: tuple[tuple[str, CallAllocation], ...], names: Mapping[str, float]) -> dict[str, int]:
+    """How many devices each named call of the iteration holds (``_scheduled_devices`` for those the plan
+    does not name)."""
+    devices = {c: a.devices for c, a in calls}
+    return {c: len(devices.get(c) or _scheduled_devices(c, devices)) for c in names}
 
 
 def _scheduled_devices(call: str, of_plan_call: Mapping[str, Sequence[int]]) -> tuple[int, ...]:

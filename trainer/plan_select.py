@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
@@ -157,15 +158,19 @@ def cluster_hardware(cl: ClusterConfig):
     costs when one is given (a PlanError names the key and the file when it cannot be read)."""
     from planning.estimator import hardware
 
-    profile = None
-    if cl.profile:
-        from planning.profile import Profile
-
-        try:
-            profile = Profile.load(Path(cl.profile).expanduser())
-        except ValueError as e:
-            raise PlanError(f"cluster.profile: {e}") from None
+    profile = _load_profile(str(Path(cl.profile).expanduser())) if cl.profile else None
     return hardware(cl.hardware, cl.num_nodes, cl.devices_per_node, profile)
+
+
+@lru_cache(maxsize=4)
+def _load_profile(path: str):
+    """A profile file, read once per process (the plan choice, the dry run and the lifecycle all price with it)."""
+    from planning.profile import Profile
+
+    try:
+        return Profile.load(path)
+    except ValueError as e:
+        raise PlanError(f"cluster.profile: {e}") from None
 
 
 # ----------------------------------------------------------------------------------------------- resolve
