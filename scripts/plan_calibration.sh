@@ -3,7 +3,7 @@
 # of the tiny model's layers and of an empty call, six plans run through train.py (the benchmark's
 # workload under three plans, the simulated 2 x 4 cluster test's three plans), then predicted against
 # measured seconds per iteration. Run it with the machine otherwise quiet; every run records the load
-# averages around it (load.json). About 15 minutes on 2 cores.
+# averages around it (load.json). About 10 minutes on 2 cores.
 #   bash scripts/plan_calibration.sh [OUT_DIR]      # default outputs/plan_calibration
 # Writes OUT_DIR/profile.json, OUT_DIR/empty_calls.json, the run directories, and
 # docs/plan_iteration_calibration.jsonl (one row per run and a summary row).

@@ -22,6 +22,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -170,11 +171,13 @@ def _train(address: str, run_dir: Path, *overrides: str) -> list[dict]:
 def _responses(run_dir: Path) -> dict[tuple, str]:
     """Every iteration's response texts, keyed by (iteration, problem id, sample number)."""
     out: dict[tuple, str] = {}
+    seen: Counter[tuple] = Counter()
     for path in sorted((run_dir / "rollouts").glob("iter_*.jsonl")):
         for line in path.read_text().splitlines():
             row = json.loads(line)
-            sample = sum(key[:2] == (row["iteration"], row["problem_id"]) for key in out)
-            out[(row["iteration"], row["problem_id"], sample)] = row["response"]
+            problem = (row["iteration"], row["problem_id"])
+            out[(*problem, seen[problem])] = row["response"]
+            seen[problem] += 1
     assert out, f"no rollouts under {run_dir / 'rollouts'}"
     return out
 
