@@ -109,6 +109,63 @@ def matmul_peak_gflops(num_threads: int, n: int = 2048, reps: int = 8) -> float:
     return 2 * n**3 / best / 1e9
 
 
+MatMul = tuple[int, int, int, int]
+"""(m, k, n, count): ``count`` matmuls of [m, k] @ [k, n]."""
+
+
+def call_matmuls(
+    shape: ModelShape, tokens: int, head_positions: int, training: bool, value_head: bool = False, head_rows: int = 128
+) -> list[MatMul]:
+    """The matmuls of one forward (and, ``training``, its backward) over ``tokens`` tokens, as the model runs
+    them: per layer q, k, v, o and the gated MLP on every token; the LM head on ``head_positions`` positions
+    in blocks of ``head_rows`` rows (``ppo.losses.head_logprobs``; a value model's scalar head is left out,
+    as its FLOPs are negligible). The backward of each [m, k] @ [k, n] is [m, n] @ [n, k] (the input's
+    gradient) and [k, m] @ [m, n] (the weight's). Attention's QK^T and PV are not matmuls of weights and are
+    left out. Same shapes merged, counts added."""
+    h, i = shape.hidden, shape.intermediate
+    q, kv = shape.num_heads * shape.head_dim, shape.num_kv_heads * shape.head_dim
+    layer = [(tokens, h, q, 1), (tokens, h, kv, 2), (tokens, q, h, 1), (tokens, h, i, 2), (tokens, i, h, 1)]
+    forward = [(m, k, n, c * shape.num_layers) for m, k, n, c in layer]
+    if not value_head and head_positions:
+        full, rest = divmod(head_positions, head_rows)
+        forward += [(head_rows, h, shape.vocab, full)] if full else []
+        forward += [(rest, h, shape.vocab, 1)] if rest else []
+    out = list(forward)
+    if training:
+        for m, k, n, c in forward:
+            out += [(m, n, k, c), (k, m, n, c)]
+    merged: dict[tuple[int, int, int], int] = {}
+    for m, k, n, c in out:
+        if m and k and n and c:
+            merged[m, k, n] = merged.get((m, k, n), 0) + c
+    return [(m, k, n, c) for (m, k, n), c in merged.items()]
+
+
+def matmul_rate_gflops(matmuls: Iterable[MatMul], num_threads: int, reps: int = 3) -> float:
+    """GFLOPS of ``matmuls`` alone (float32, best of ``reps`` per shape, on ``num_threads`` torch threads):
+    what a call's own matmul shapes allow on the cores it gets, before any other work. A model with a small
+    hidden size runs its matmuls far below the 2048^2 peak (``matmul_peak_gflops``)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(num_threads)
+    flops, seconds = 0, 0.0
+    try:
+        for m, k, n, count in matmuls:
+            a, b = torch.randn(m, k), torch.randn(k, n)
+            torch.mm(a, b)  # warm-up
+            best = float("inf")
+            for _ in range(reps):
+                start = time.perf_counter()
+                torch.mm(a, b)
+                best = min(best, time.perf_counter() - start)
+            flops += 2 * m * k * n * count
+            seconds += best * count
+    finally:
+        torch.set_num_threads(before)
+    return flops / seconds / 1e9 if seconds > 0 else 0.0
+
+
 def read_work_log(directory: Path) -> dict[int, list[dict[str, Any]]]:
     """pid -> its forwards in order, from ``work-<pid>.jsonl`` (``runtime.device.work_log``)."""
     out: dict[int, list[dict[str, Any]]] = {}
@@ -159,6 +216,7 @@ class CallWork:
     tokens: int = 0
     computed_tokens: int = 0
     head_tokens: int = 0
+    head_positions: int = 0
     forward_s: float = 0.0
     num_forwards: int = 0
     threads: int = 0
@@ -170,6 +228,7 @@ class CallWork:
         self.tokens += line["tokens"]
         self.computed_tokens += line["computed_tokens"]
         self.head_tokens += line["head_tokens"]
+        self.head_positions += line["head_positions"]
         self.forward_s += line["end"] - line["start"]
         self.num_forwards += 1
         self.threads = max(self.threads, line["threads"])
@@ -202,6 +261,19 @@ def peak_of(num_devices: int, threads: int, peak_one: float, peak_all: float, cp
     return num_devices * per_process
 
 
+def call_matmul_rate(shape: ModelShape, work: CallWork, call: str, num_devices: int) -> float:
+    """The GFLOPS ``call``'s own matmuls allow on its cores: its mean forward's shapes (``work``'s computed
+    tokens and head positions over its forwards; a training call's backward too) timed on the threads each
+    of its ``num_devices`` device processes has, times the processes (each its own BLAS on its own cores)."""
+    if not work.num_forwards:
+        return 0.0
+    tokens = round(work.computed_tokens / work.num_forwards)
+    head = round(work.head_positions / work.num_forwards)
+    matmuls = call_matmuls(shape, tokens, head, call.endswith("_train"), value_head=call.startswith("critic"))
+    threads = min(max(1, work.threads), os.cpu_count() or 1)
+    return num_devices * matmul_rate_gflops(matmuls, threads)
+
+
 def call_report(
     work: CallWork,
     num_iterations: int,
@@ -209,13 +281,16 @@ def call_report(
     num_devices: int,
     peaks: tuple[float, float],
     empty_call_s: float | None,
+    matmul_rate: float | None = None,
 ) -> dict[str, Any]:
     """One call's line of the FLOP table. ``work``: summed over ``num_iterations`` timed iterations (and
     the call's processes); ``seconds``: the call's mean wall time per iteration. Achieved GFLOPS on real
     tokens over that wall time; the fraction of the peak of the cores the call used (devices x threads per
     device; ``peaks``: the one-thread and all-thread matmul GFLOPS); the padding fraction; and where the
     time went: ``forward_share``, the forwards' CPU time over the cores' time (inference: whole passes;
-    training: forwards only), and ``empty_call_s``, the same call on an (almost) empty batch."""
+    training: forwards only), and ``empty_call_s``, the same call on an (almost) empty batch. ``matmul_rate``
+    (``call_matmul_rate``): the GFLOPS the call's own matmul shapes reach alone on its cores, and the call's
+    fraction of it: near 1, the shapes bound the call, not what runs around them."""
     cores = max(1, num_devices * max(1, work.threads))
     peak = peak_of(num_devices, max(1, work.threads), *peaks, os.cpu_count() or cores)
     per_iteration = 1 / max(1, num_iterations)
@@ -238,4 +313,6 @@ def call_report(
         "forward_share": work.forward_s * per_iteration / (seconds * num_devices) if seconds > 0 else 0.0,
         "num_forwards": work.num_forwards * per_iteration,
         "empty_call_s": empty_call_s,
+        "matmul_rate_gflops": matmul_rate,
+        "fraction_of_matmul_rate": gflops / matmul_rate if matmul_rate else None,
     }

@@ -400,7 +400,7 @@ def generation_flops(cfg, prompts: list[list[int]], generated_tokens: float) -> 
 def flop_accounting(cfg, realm: dict, run_dir: Path, work_dir: Path, peaks: dict, empty: dict) -> dict[str, Any]:
     """Per call of the timed iterations: FLOPs (real tokens, padding apart), achieved GFLOPS, the fraction of
     the peak of the cores it used, and its empty-call time (``bench/flops.py``, ``bench/empty_calls.py``)."""
-    from bench.flops import ModelShape, call_report, read_work_log, work_by_call
+    from bench.flops import ModelShape, call_matmul_rate, call_report, read_work_log, work_by_call
     from models.registry import resolve_model_dir
     from planning.execution_plan import ExecutionPlan
 
@@ -414,7 +414,9 @@ def flop_accounting(cfg, realm: dict, run_dir: Path, work_dir: Path, peaks: dict
     for call, w in sorted(work.items()):
         alloc = plan.calls["actor_train" if call == "actor_inf" else call]
         seconds = realm["mean_call_s"].get(call, 0.0)
-        calls[call] = call_report(w, len(timed), seconds, len(alloc.devices), pair, empty.get(call))
+        shape = critic if call.startswith("critic") else actor
+        rate = call_matmul_rate(shape, w, call, len(alloc.devices))
+        calls[call] = call_report(w, len(timed), seconds, len(alloc.devices), pair, empty.get(call), rate)
         calls[call]["devices"] = sorted(alloc.devices)
     return {"plan": plan.source, "peaks": peaks, "calls": calls, "unaccounted_plan": _unaccounted(plan)}
 
@@ -432,14 +434,18 @@ def print_flops(flops: dict) -> None:
         f"{peaks['all_threads_gflops']:.0f} on {peaks['threads']}"
     )
     print(
-        "| call | GFLOP (+ padding) | s | GFLOPS | cores | % of their peak | padding | forwards' share | empty call s |"
+        "| call | GFLOP (+ padding) | s | GFLOPS | cores | % of their peak | its matmuls alone, GFLOPS | % of that "
+        "| padding | forwards' share | empty call s |"
     )
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for call, c in flops["calls"].items():
         empty = f"{c['empty_call_s']:.2f}" if c["empty_call_s"] is not None else "-"
+        rate = c.get("matmul_rate_gflops")
+        of_rate = f"{100 * c['fraction_of_matmul_rate']:.0f}%" if rate else "-"
         print(
             f"| {call} | {c['gflop']:.0f} (+{c['padding_gflop']:.0f}) | {c['seconds']:.2f} | {c['gflops']:.1f} | "
-            f"{c['cores']} | {100 * c['fraction_of_peak']:.0f}% | {100 * c['padding_fraction']:.0f}% | "
+            f"{c['cores']} | {100 * c['fraction_of_peak']:.0f}% | {f'{rate:.0f}' if rate else '-'} | {of_rate} | "
+            f"{100 * c['padding_fraction']:.0f}% | "
             f"{100 * c['forward_share']:.0f}% | {empty} |"
         )
     if flops.get("generation"):
@@ -448,7 +454,8 @@ def print_flops(flops: dict) -> None:
 
 
 def plot_flops(result: dict, path: Path) -> None:
-    """Per call: achieved GFLOPS on real tokens, GFLOPS spent on padding, and the peak of its cores."""
+    """Per call: achieved GFLOPS on real tokens, GFLOPS spent on padding, the peak of its cores and the rate
+    of its own matmul shapes alone."""
     import matplotlib
 
     from common.files import atomic_save_figure
@@ -471,6 +478,15 @@ def plot_flops(result: dict, path: Path) -> None:
             lw=2,
             label="matmul peak of its cores" if i == 0 else None,
         )
+        if calls[n].get("matmul_rate_gflops"):
+            ax.plot(
+                [calls[n]["matmul_rate_gflops"]] * 2,
+                [i - 0.4, i + 0.4],
+                color="black",
+                lw=2,
+                ls=":",
+                label="its own matmul shapes alone" if i == 0 else None,
+            )
         ax.text(real[i] + padding[i], i, f" {100 * calls[n]['fraction_of_peak']:.0f}%", va="center", fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("GFLOP/s (float32; model FLOPs over the call's wall time)")

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from bench.flops import ModelShape, call_of, call_report, iteration_starts, peak_of, record_flops, work_by_call
+from bench.flops import (
+    ModelShape,
+    call_matmuls,
+    call_of,
+    call_report,
+    iteration_starts,
+    matmul_rate_gflops,
+    peak_of,
+    record_flops,
+    work_by_call,
+)
 
 # 1 layer, hidden 4, 2 heads of 2 (q: 4), 1 kv head (k, v: 2 each), MLP 8, vocabulary 10.
 SMALL = ModelShape(num_layers=1, hidden=4, num_heads=2, num_kv_heads=1, head_dim=2, intermediate=8, vocab=10)
@@ -88,3 +98,37 @@ def test_call_report_divides_by_iterations_and_names_the_peak():
     # Two one-thread device processes add up (2 x 10), one process on every core gets the all-thread peak.
     assert call_report(work["ref_inf"], 1, 1e-6, 2, (10.0, 15.0), None)["peak_gflops"] == 20.0
     assert peak_of(1, 2, 10.0, 15.0, cpu_count=2) == 15.0 and peak_of(1, 2, 10.0, 15.0, cpu_count=4) == 20.0
+
+
+def test_call_matmuls_lists_each_layer_and_the_head_blocks():
+    # SMALL over 5 tokens, the head on 3 positions in blocks of 2 rows: q (5x4 @ 4x4), k and v (5x4 @ 4x2,
+    # merged: 2), o (5x4 @ 4x4: the same shape as q, merged), gate and up (5x4 @ 4x8), down (5x8 @ 8x4),
+    # the head's blocks of 2 and 1 rows (2x4 @ 4x10, 1x4 @ 4x10).
+    forward = call_matmuls(SMALL, tokens=5, head_positions=3, training=False, head_rows=2)
+    assert sorted(forward) == sorted(
+        [(5, 4, 4, 2), (5, 4, 2, 2), (5, 4, 8, 2), (5, 8, 4, 1), (2, 4, 10, 1), (1, 4, 10, 1)]
+    )
+    flops = sum(2 * m * k * n * c for m, k, n, c in forward)
+    # The layers' FLOPs are linear_flops_per_token's; the head's are 2 x hidden x vocab per position.
+    assert flops == 5 * SMALL.linear_flops_per_token + 3 * 2 * 4 * 10
+    # Training adds each matmul's two gradients, as many FLOPs each: 3 x the forward's.
+    training = call_matmuls(SMALL, tokens=5, head_positions=3, training=True, head_rows=2)
+    assert sum(2 * m * k * n * c for m, k, n, c in training) == 3 * flops
+    # A value model's scalar head is left out.
+    assert sum(2 * m * k * n * c for m, k, n, c in call_matmuls(SMALL, 5, 3, False, value_head=True)) == 5 * 288
+
+
+def test_matmul_rate_is_flops_over_the_matmuls_time():
+    rate = matmul_rate_gflops([(64, 64, 64, 3)], num_threads=1, reps=2)
+    assert 0.01 < rate < 10_000  # GFLOPS of a real matmul on this machine, whatever it is
+    assert matmul_rate_gflops([], num_threads=1) == 0.0
+    report = call_report(
+        work_by_call({"actor": SMALL, "critic": SMALL}, {1: [_line()]}, timed=[0])["ref_inf"],
+        1,
+        1e-6,
+        1,
+        (10.0, 15.0),
+        None,
+        matmul_rate=2.0,
+    )
+    assert report["fraction_of_matmul_rate"] == pytest.approx(1120e-9 / 1e-6 / 2.0)
