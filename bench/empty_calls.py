@@ -10,6 +10,7 @@ optimizer steps (``ppo.num_epochs x ppo.num_minibatches`` AdamW steps over every
 
 from __future__ import annotations
 
+import copy
 import statistics
 from pathlib import Path
 from typing import Any
@@ -56,9 +57,14 @@ def run_calls(runtime: Any, batch: dict[str, torch.Tensor], samples: list[Any], 
     return call_seconds(runtime.drain_events())
 
 
-def measure(cfg: Any, run_dir: Path, repeats: int = 3) -> dict[str, Any]:
-    """Deploy ``cfg``'s plan and time each call on an empty batch ``repeats`` times (the first round,
-    with its warm-up, is dropped); returns the median seconds per call and the rounds."""
+def measure(cfg: Any, run_dir: Path, repeats: int = 3, plan_path: Path | None = None) -> dict[str, Any]:
+    """Deploy ``cfg``'s plan (``plan_path``: that plan YAML instead, e.g. the measured run's own, so that a
+    searched plan is not searched again for a different batch) and time each call on an empty batch
+    ``repeats`` times (the first round, with its warm-up, is dropped); returns the median seconds per call
+    and the rounds."""
+    if plan_path is not None:
+        cfg = copy.deepcopy(cfg)
+        cfg.cluster.plan = str(plan_path)
     from transformers import AutoTokenizer
 
     from models.registry import resolve_model_dir

@@ -790,7 +790,7 @@ def run_realm_accounted(args, cfg, work: Path, peaks: dict, prompts) -> tuple[di
         from bench import empty_calls
 
         _log("[1/2] realm's calls on an empty batch (the plan deployed again)")
-        empty = empty_calls.measure(cfg, work / "empty-calls-run")
+        empty = empty_calls.measure(cfg, work / "empty-calls-run", plan_path=work / "realm-run" / "plan.yaml")
         _log("empty calls (median s): " + ", ".join(f"{c} {v:.3f}" for c, v in sorted(empty["median_s"].items())))
     flops = flop_accounting(cfg, realm, work / "realm-run", log_dir, peaks, empty["median_s"])
     flops["empty_calls"] = empty

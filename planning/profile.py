@@ -40,6 +40,7 @@ from typing import Any
 
 from common import dtypes
 from common.files import atomic_write_text
+from common.optim import adamw
 from planning.shapes import named_spec
 from reallocation.layout import ModelSpec
 
@@ -278,7 +279,7 @@ def _measure_shape(spec: ModelSpec, tp: int, device: str, dtype: Any, grid: dict
 
     layer, (kv, hd) = _layer_module(spec, tp, dtype, device)
     head = torch.nn.Linear(spec.hidden_size, -(-spec.vocab_size // tp), bias=False).to(device=device, dtype=dtype)
-    opt = torch.optim.Adam(layer.parameters(), lr=1e-6)
+    opt = adamw(layer.parameters(), lr=1e-6)
     key, out = _shape_key(spec), []
 
     def row(op: str, tokens: float, context: float, seconds: float) -> None:
@@ -343,7 +344,7 @@ def _call_on_rank(rank: int, world: int, spec: ModelSpec, call: str, batch: int,
         from models.parallelize import apply_fsdp, make_mesh
 
         apply_fsdp(model, make_mesh(dp=world, device_type="cpu")["dp"])
-        opt = torch.optim.Adam(model.parameters(), lr=1e-6)
+        opt = adamw(model.parameters(), lr=1e-6)
 
         def step() -> None:
             model(input_ids=ids).logits.float().logsumexp(-1).mean().backward()

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from common.optim import adamw
 from common.schedule import build_lr_scheduler
 from ppo import batch as B
 from ppo.advantages import masked_sum
@@ -356,7 +357,7 @@ class _Trainer:
 
     def __init__(self, model: nn.Module, ranks: Ranks, ppo: PPOConfig, lr: float, num_iterations: int, seed: int):
         self.model, self.ranks, self.ppo, self.seed = model, ranks, ppo, seed
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=ppo.weight_decay)
+        self.optimizer = adamw(model.parameters(), lr=lr, weight_decay=ppo.weight_decay)
         self.scheduler = build_lr_scheduler(
             self.optimizer, ppo.lr_schedule, ppo.num_warmup_iterations, max(num_iterations, 1)
         )
@@ -588,7 +589,7 @@ class PolicyShard:
         if self.ranks.pipeline is not None:
             raise ValueError("sft_step runs on a whole model, not on a pipeline stage")
         if self._sft_optimizer is None:
-            self._sft_optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.sft.lr, weight_decay=0.0)
+            self._sft_optimizer = adamw(self.model.parameters(), lr=self.sft.lr)
             self._sft_scheduler = build_lr_scheduler(
                 self._sft_optimizer,
                 self.sft.lr_schedule,
