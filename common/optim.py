@@ -1,4 +1,4 @@
-"""The optimizer of every PPO update and SFT warm-up, and of the cost model's profile (``planning.profile``),
+"""The optimizer of every PPO update (actor and critic), and of the cost model's profile (``planning.profile``),
 so that what the profile times is what the device processes run.
 
 AdamW with the fused kernel (``fused=True``): one pass over each parameter's weight, gradient and two

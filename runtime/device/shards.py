@@ -589,7 +589,9 @@ class PolicyShard:
         if self.ranks.pipeline is not None:
             raise ValueError("sft_step runs on a whole model, not on a pipeline stage")
         if self._sft_optimizer is None:
-            self._sft_optimizer = adamw(self.model.parameters(), lr=self.sft.lr)
+            # The multi-tensor path, not common.optim's fused one: warm-ups are cached by their config
+            # (trainer.loop.warm_start), so a cached one and a fresh one stay the same weights.
+            self._sft_optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.sft.lr, weight_decay=0.0)
             self._sft_scheduler = build_lr_scheduler(
                 self._sft_optimizer,
                 self.sft.lr_schedule,
