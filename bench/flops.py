@@ -289,8 +289,10 @@ def call_report(
     device; ``peaks``: the one-thread and all-thread matmul GFLOPS); the padding fraction; and where the
     time went: ``forward_share``, the forwards' CPU time over the cores' time (inference: whole passes;
     training: forwards only), and ``empty_call_s``, the same call on an (almost) empty batch. ``matmul_rate``
-    (``call_matmul_rate``): the GFLOPS the call's own matmul shapes reach alone on its cores, and the call's
-    fraction of it: near 1, the shapes bound the call, not what runs around them."""
+    (``call_matmul_rate``): the GFLOPS the call's own matmul shapes reach alone on its cores; the call's
+    fraction of it is the share of its wall time its matmuls would take at that rate. Near 1, the shapes
+    bound the call; far below, what runs around the matmuls does (norms, activations, attention, the
+    softmax over the vocabulary, allocation, dispatch, communication)."""
     cores = max(1, num_devices * max(1, work.threads))
     peak = peak_of(num_devices, max(1, work.threads), *peaks, os.cpu_count() or cores)
     per_iteration = 1 / max(1, num_iterations)

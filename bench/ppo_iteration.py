@@ -39,8 +39,9 @@ FLOP accounting (``bench/flops.py``): the float32 matmul peak of one thread and 
 measured before realm and after TRL (best of both); every forward of realm's device shards logs its
 counts (``runtime/device/work_log.py``: rows, columns, real tokens, attention pairs, LM-head positions);
 per call of the timed iterations the FLOPs from the model's shapes (real tokens and padding apart),
-achieved GFLOPS over the call's wall time, the fraction of the peak of the cores it used, the share of
-its time inside forwards, and its fixed cost: the same call on an (almost) empty batch, the plan
+achieved GFLOPS over the call's wall time, the fraction of the peak of the cores it used, the rate its own
+matmul shapes reach alone on those cores (``bench.flops.call_matmul_rate``) and so the share of its time
+its matmuls take, the share of its time inside forwards, and its fixed cost: the same call on an (almost) empty batch, the plan
 deployed a second time (``bench/empty_calls.py``; ``--skip-empty-calls`` leaves it out).
 
 Writes the JSON atomically (``--json``), a PNG bar chart next to it and ``<name>_flops.png`` (per call:
@@ -434,8 +435,8 @@ def print_flops(flops: dict) -> None:
         f"{peaks['all_threads_gflops']:.0f} on {peaks['threads']}"
     )
     print(
-        "| call | GFLOP (+ padding) | s | GFLOPS | cores | % of their peak | its matmuls alone, GFLOPS | % of that "
-        "| padding | forwards' share | empty call s |"
+        "| call | GFLOP (+ padding) | s | GFLOPS | cores | % of their peak | its matmuls alone, GFLOPS "
+        "| matmuls' share of its time | padding | forwards' share | empty call s |"
     )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for call, c in flops["calls"].items():
