@@ -62,3 +62,16 @@ def test_generate_bench_on_the_tiny_model():
     """A vLLM engine start-up: slow."""
     proc = _run(["bench/generate.py", "--model", "tiny", "--num-prompts", "2", "--max-new-tokens", "8"])
     assert "tokens/s" in proc.stdout + proc.stderr
+
+
+def test_ppo_step_bench_times_eager_and_a_lever_in_processes_of_their_own():
+    proc = _run(["bench/ppo_step.py", "--rows", "2", "--levers", "mallopt"])
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("| eager") or line.startswith("| mallopt")]
+    assert len(rows) == 2 and rows[0].split("|")[4].strip() == "1.00"  # eager against itself
+
+
+def test_ppo_step_bench_names_an_unknown_lever():
+    proc = subprocess.run(
+        [sys.executable, "bench/ppo_step.py", "--levers", "fast"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode != 0 and "unknown lever 'fast'" in proc.stderr
