@@ -466,7 +466,7 @@ def plot_flops(result: dict, path: Path) -> None:
 
     calls = result["flops"]["calls"]
     names = list(calls)
-    fig, ax = plt.subplots(figsize=(9, 0.6 * len(names) + 2))
+    fig, ax = plt.subplots(figsize=(9, 0.6 * len(names) + 2.8))
     real = [calls[n]["gflops"] for n in names]
     padding = [calls[n]["gflops_incl_padding"] - calls[n]["gflops"] for n in names]
     ax.barh(names, real, color="tab:blue", label="GFLOPS on real tokens")
@@ -491,7 +491,7 @@ def plot_flops(result: dict, path: Path) -> None:
         ax.text(real[i] + padding[i], i, f" {100 * calls[n]['fraction_of_peak']:.0f}%", va="center", fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("GFLOP/s (float32; model FLOPs over the call's wall time)")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2)  # below: bars reach both sides
     best = max(names, key=lambda n: calls[n]["fraction_of_peak"])
     worst = min(names, key=lambda n: calls[n]["fraction_of_peak"])
     w = result["workload"]

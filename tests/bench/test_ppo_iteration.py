@@ -100,6 +100,8 @@ def test_script_runs_on_a_tiny_workload(tmp_path):
     calls = result["flops"]["calls"]
     assert set(calls) == {"actor_inf", "ref_inf", "critic_inf", "actor_train", "critic_train"}
     assert all(c["gflop"] > 0 and c["empty_call_s"] > 0 and 0 < c["fraction_of_peak"] < 1 for c in calls.values())
+    # Each call's own matmul shapes, timed alone, and the share of its time they take.
+    assert all(c["matmul_rate_gflops"] > 0 and c["fraction_of_matmul_rate"] > 0 for c in calls.values())
     assert result["flops"]["peaks"]["one_thread_gflops"] > 0 and out.with_name("ppo_flops.png").exists()
 
 
