@@ -41,8 +41,9 @@ counts (``runtime/device/work_log.py``: rows, columns, real tokens, attention pa
 per call of the timed iterations the FLOPs from the model's shapes (real tokens and padding apart),
 achieved GFLOPS over the call's wall time, the fraction of the peak of the cores it used, the rate its own
 matmul shapes reach alone on those cores (``bench.flops.call_matmul_rate``) and so the share of its time
-its matmuls take, the share of its time inside forwards, and its fixed cost: the same call on an (almost) empty batch, the plan
-deployed a second time (``bench/empty_calls.py``; ``--skip-empty-calls`` leaves it out).
+its matmuls take, the share of its time inside forwards, and its fixed cost: the same call on an (almost)
+empty batch, the run's plan deployed a second time (``bench/empty_calls.py``; ``--skip-empty-calls`` leaves
+it out).
 
 Writes the JSON atomically (``--json``), a PNG bar chart next to it and ``<name>_flops.png`` (per call:
 GFLOPS on real tokens, on padding, and the peak of its cores).
