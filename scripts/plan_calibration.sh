@@ -34,9 +34,10 @@ run() {
   $py train.py "${bench[@]}" "$@" "hydra.run.dir=$out/$name" >"$out/$name.log" 2>&1
   echo "{\"before\": $before, \"after\": $(load)}" >"$out/$name/load.json"
 }
-run bench_heuristic
+# The heuristic and disjoint rules ignore the profile; the search prices with the one just measured.
+run bench_heuristic cluster.plan=heuristic
 run bench_disjoint cluster.plan=disjoint cluster.devices_per_node=4
-run bench_search cluster.plan=search
+run bench_search cluster.plan=search "cluster.profile=$out/profile.json"
 
 echo "[calibration] $(date -u +%FT%TZ) the cluster test's three plans (load $(load))"
 rm -rf "${out:?}/cluster"

@@ -54,6 +54,32 @@ def test_estimator_composes_the_profile():
     assert call_seconds("ref_inf", TINY, CallAllocation((0, 1), dp=2), w, hw) == pytest.approx(2 * 0.25 + 0.125)
 
 
+def test_generation_in_waves_pays_for_its_smaller_decode_steps():
+    """One wave of 256 sequences against 16 waves of 16, prefill priced free so that the decode steps show.
+    A decode step of 256 sequences costs 4x one of 16 (batching pays), so the 16 waves cost 4x the one."""
+    key = _shape_key(TINY)
+    rows = [
+        {"op": "forward", "shape": key, "tp": 1, "tokens": 1, "context": 0, "seconds": 0.0},
+        {"op": "head_forward", "shape": key, "tp": 1, "tokens": 16, "context": 0, "seconds": 0.001},
+        {"op": "head_forward", "shape": key, "tp": 1, "tokens": 256, "context": 0, "seconds": 0.004},
+        {"op": "decode", "shape": key, "tp": 1, "tokens": 16, "context": 64, "seconds": 0.01},
+        {"op": "decode", "shape": key, "tp": 1, "tokens": 256, "context": 64, "seconds": 0.04},
+    ]
+    fields = {k: getattr(TINY, k) for k in TINY.__dataclass_fields__}
+    hw = hardware("cpu", 1, 1, Profile("hand-made", rows, {key: fields}))
+    # 8 new tokens at a 60-token prompt: cache 60 + 8 / 2 = 64; one prefill slot, then 7 decode steps.
+    w = Workload(TINY, TINY, None, batch=256, prompt_len=60, gen_len=8)
+    # One wave: head 0.004 at prefill, then 7 x (2 layers x 0.04 + head 0.004).
+    assert call_seconds("actor_gen", TINY, CallAllocation((0,)), w, hw) == pytest.approx(0.004 + 7 * 0.084)
+    # 16 waves of 16: 16 x (0.001 + 7 x (2 x 0.01 + 0.001)).
+    waves = call_seconds("actor_gen", TINY, CallAllocation((0,), num_microbatches=16), w, hw)
+    assert waves == pytest.approx(16 * (0.001 + 7 * 0.021))
+    # Without the 256-sequence point (decode measured up to 16 only, as before), 256 sequences are 16 x the
+    # 16-sequence step and the one wave costs as much as the sixteen: 2.272 against 2.368.
+    hw16 = hardware("cpu", 1, 1, Profile("hand-made", rows[:-1], {key: fields}))
+    assert call_seconds("actor_gen", TINY, CallAllocation((0,)), w, hw16) == pytest.approx(0.004 + 7 * (0.32 + 0.004))
+
+
 def test_profile_file_errors_name_the_problem(tmp_path):
     path = tmp_path / "p.json"
     hand_profile().save(path)
@@ -77,10 +103,11 @@ def test_spearman_worked_examples():
 
 def test_measure_tiny_on_cpu_gives_every_op():
     p = measure(
-        {"tiny": TINY}, device="cpu", grid=dict(batches=(1,), seqs=(8,), contexts=(16,), tps=(1,)), progress=False
+        {"tiny": TINY}, device="cpu", grid=dict(batches=(1,), seqs=(8,), decode_batches=(1, 2), contexts=(16,), tps=(1,)), progress=False
     )
     assert {r["op"] for r in p.entries} == {"forward", "train", "optimizer", "decode", "head_forward", "head_train"}
     assert all(r["seconds"] > 0 for r in p.entries)
+    assert sorted(r["tokens"] for r in p.entries if r["op"] == "decode") == [1, 2]  # decode_batches, not batches
 
 
 @pytest.mark.slow
@@ -91,7 +118,7 @@ def test_predicted_vs_measured_calls_rank_correlate(tmp_path):
     profile = measure(
         {m: named_spec(m) for m in ("tiny", "smollm2-135m")},
         device="cpu",
-        grid=dict(batches=(1, 4), seqs=(16, 64), contexts=(32,), tps=(1,)),
+        grid=dict(batches=(1, 4), seqs=(16, 64), decode_batches=(1, 4), contexts=(32,), tps=(1,)),
         progress=False,
     )
     result = check(profile, progress=False)
@@ -109,7 +136,7 @@ def test_cuda_profile(tmp_path):
     p = measure(
         {"qwen2.5-math-1.5b": named_spec("qwen2.5-math-1.5b")},
         device="cuda",
-        grid=dict(batches=(1, 8), seqs=(128,), contexts=(256,), tps=(1, 2)),
+        grid=dict(batches=(1, 8), seqs=(128,), decode_batches=(1, 8), contexts=(256,), tps=(1, 2)),
         progress=False,
     )
     p.save(tmp_path / "p.json")
