@@ -103,7 +103,10 @@ def test_spearman_worked_examples():
 
 def test_measure_tiny_on_cpu_gives_every_op():
     p = measure(
-        {"tiny": TINY}, device="cpu", grid=dict(batches=(1,), seqs=(8,), decode_batches=(1, 2), contexts=(16,), tps=(1,)), progress=False
+        {"tiny": TINY},
+        device="cpu",
+        grid=dict(batches=(1,), seqs=(8,), decode_batches=(1, 2), contexts=(16,), tps=(1,)),
+        progress=False,
     )
     assert {r["op"] for r in p.entries} == {"forward", "train", "optimizer", "decode", "head_forward", "head_train"}
     assert all(r["seconds"] > 0 for r in p.entries)
