@@ -36,19 +36,22 @@ def _config_key(cfg: ModelConfig) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
 
+def _cache_target(cfg: ModelConfig) -> Path:
+    """Where a built (tiny) or converted (gguf) model lives in the cache: one entry per config."""
+    return cache_root() / "models" / f"{cfg.source.value}-{cfg.name}-{_config_key(cfg)}"
+
+
 def resolve_model_dir(cfg: ModelConfig) -> Path:
     """A local HF directory for ``cfg``, building or converting it on first use."""
     if cfg.source == ModelSource.tiny:
         from models.tiny import build_tiny
 
-        target = cache_root() / "models" / f"tiny-{cfg.name}-{_config_key(cfg)}"
-        return atomic_build_dir(target, lambda d: build_tiny(cfg.tiny, d))
+        return atomic_build_dir(_cache_target(cfg), lambda d: build_tiny(cfg.tiny, d))
     if cfg.source == ModelSource.gguf:
         from models.gguf import convert_gguf
 
-        target = cache_root() / "models" / f"gguf-{cfg.name}-{_config_key(cfg)}"
         return atomic_build_dir(
-            target, lambda d: convert_gguf(find_packaged_file(cfg.path, cfg.hub_hint), d, cfg.dtype)
+            _cache_target(cfg), lambda d: convert_gguf(find_packaged_file(cfg.path, cfg.hub_hint), d, cfg.dtype)
         )
     path = Path(cfg.path).expanduser()
     if path.is_dir() or path.exists() or cfg.path.startswith((".", "/", "~")):
@@ -63,12 +66,10 @@ def locate_model(cfg: ModelConfig) -> str:
     Worked example: the tiny model -> "built locally from its config (cached)" or "... (on first use)".
     """
     if cfg.source == ModelSource.tiny:
-        target = cache_root() / "models" / f"tiny-{cfg.name}-{_config_key(cfg)}"
-        return f"built locally from its config ({'cached' if is_complete(target) else 'on first use'})"
+        return f"built locally from its config ({'cached' if is_complete(_cache_target(cfg)) else 'on first use'})"
     if cfg.source == ModelSource.gguf:
-        target = cache_root() / "models" / f"gguf-{cfg.name}-{_config_key(cfg)}"
         gguf = find_packaged_file(cfg.path, cfg.hub_hint)
-        return f"dequantized from {gguf} ({'cached' if is_complete(target) else 'on first use'})"
+        return f"dequantized from {gguf} ({'cached' if is_complete(_cache_target(cfg)) else 'on first use'})"
     path = Path(cfg.path).expanduser()
     if path.is_dir() or path.exists() or cfg.path.startswith((".", "/", "~")):
         return str(_local_model_dir(cfg, path))
@@ -79,6 +80,21 @@ def locate_model(cfg: ModelConfig) -> str:
     if os.environ.get("HF_HUB_OFFLINE") == "1":
         _from_hub(cfg)  # raises: offline and not cached
     return f"hub id {cfg.path}, not cached here: downloaded at start"
+
+
+def cached_model_dir(cfg: ModelConfig) -> Path | None:
+    """The directory ``resolve_model_dir`` would return, when it is on this machine already (nothing is
+    built, converted or downloaded: the dry run's reads); None otherwise."""
+    if cfg.source in (ModelSource.tiny, ModelSource.gguf):
+        target = _cache_target(cfg)
+        return target if is_complete(target) else None
+    path = Path(cfg.path).expanduser()
+    if path.is_dir():
+        return path if (path / "config.json").exists() else None
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(cfg.path, "config.json")
+    return Path(cached).parent if isinstance(cached, str) else None
 
 
 def _local_model_dir(cfg: ModelConfig, path: Path) -> Path:

@@ -13,6 +13,21 @@ from pathlib import Path
 HARDWARE = ("cpu", "a100-80g", "h100", "h200")
 PLAN_RULES = ("heuristic", "search", "disjoint")
 """``plan`` values that name a rule; anything else is a path to a plan YAML file."""
+PROFILES_DIR = Path(__file__).parent / "profiles"
+"""Cost-model profiles shipped with realm (package data), named by file stem: ``cluster.profile=cpu-2core``."""
+
+
+def shipped_profiles() -> list[str]:
+    return sorted(p.stem for p in PROFILES_DIR.glob("*.json"))
+
+
+def profile_path(value: str) -> Path:
+    """The file ``cluster.profile`` names: a shipped profile (``planning/profiles/NAME.json``, found from
+    any working directory), else a path. Example: ``cpu-2core`` -> ``<package>/planning/profiles/cpu-2core.json``;
+    ``docs/p.json`` -> ``docs/p.json``."""
+    if value in shipped_profiles():
+        return PROFILES_DIR / f"{value}.json"
+    return Path(value).expanduser()
 
 
 @dataclass
@@ -34,12 +49,14 @@ class ClusterConfig:
     directory as plan.yaml), `disjoint` (each role on its own devices, the pre-plan placement),
     or a path to a plan YAML file (validated against this cluster and the model)."""
     plan_search_seconds: float = 30.0
-    """Time budget of `plan=search`."""
+    """Time budget of `plan=search`, in CPU seconds of the driver (so that other jobs' load does not
+    change which plan a seed finds)."""
     profile: str = ""
-    """A cost-model profile of this machine (``python -m planning.profile --out P.json``, then
-    ``python bench/empty_calls.py --profile P.json`` for the fixed per-call costs) that the search, the
-    heuristic's micro-batch fitting and the dry run price time with. Empty: the ``hardware`` preset's
-    analytic model."""
+    """A cost-model profile that the search, the heuristic's micro-batch fitting and the dry run price
+    time with: the name of one shipped in planning/profiles/ (``cpu-2core``: a 2-core x86_64 machine, one
+    thread per device, float32) or the path of one measured on this machine (``bash scripts/plan_calibration.sh``,
+    or ``python -m planning.profile --out P.json`` then ``python bench/empty_calls.py --profile P.json`` for
+    the fixed per-call costs). Empty: the ``hardware`` preset's analytic model."""
     collective_timeout_s: float = 1800.0
     """How long a collective (an all-reduce, an all-gather, a point-to-point transfer) may wait for its
     peers before it fails, on every process group the device processes create. NCCL's watchdog default
@@ -65,9 +82,10 @@ class ClusterConfig:
             raise ValueError(f"cluster.plan is empty: expected {', '.join(PLAN_RULES)} or a plan YAML path")
         if self.plan_search_seconds <= 0:
             raise ValueError(f"cluster.plan_search_seconds={self.plan_search_seconds}: must be > 0")
-        if self.profile and not Path(self.profile).expanduser().is_file():
+        if self.profile and not profile_path(self.profile).is_file():
             raise ValueError(
-                f"cluster.profile={self.profile}: no such file (write one with python -m planning.profile)"
+                f"cluster.profile={self.profile}: no such file, nor a shipped profile ({', '.join(shipped_profiles())}); "
+                "write one with bash scripts/plan_calibration.sh"
             )
         if self.collective_timeout_s <= 0:
             raise ValueError(f"cluster.collective_timeout_s={self.collective_timeout_s}: must be > 0")

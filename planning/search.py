@@ -305,11 +305,18 @@ def _progress(enabled: bool, total: float):
 
 
 def search_plan(
-    workload: Workload, hw: Hardware, *, seconds: float, seed: int = 0, also_from: ExecutionPlan | None = None
+    workload: Workload,
+    hw: Hardware,
+    *,
+    seconds: float,
+    seed: int = 0,
+    also_from: ExecutionPlan | None = None,
+    clock: Callable[[], float] = time.process_time,
 ) -> tuple[ExecutionPlan, PlanCost]:
-    """The best fitting plan found in ``seconds`` (never worse than a fitting baseline, nor than
-    ``also_from`` when it fits)."""
-    report = search(workload, hw, seconds_budget=seconds, seed=seed, also_from=also_from)
+    """The best fitting plan found in ``seconds`` of ``clock`` (never worse than a fitting baseline, nor
+    than ``also_from`` when it fits). This process's CPU time by default: the same seed then gives the same
+    plan however many other jobs share the machine."""
+    report = search(workload, hw, seconds_budget=seconds, seed=seed, also_from=also_from, clock=clock)
     return report.plan, report.cost
 
 

@@ -116,12 +116,32 @@ def test_clip_options_calibrate_eta_so_most_steps_get_zero():
 
 
 @pytest.mark.parametrize(
-    "cluster, num_devices, backend", [("local_cpu", 2, "gloo"), ("gpu_1x8", 8, "nccl"), ("gpu_2x8", 16, "nccl")]
+    "cluster, num_devices, backend, plan, profile",
+    [
+        # The CPU default searches, priced with the profile of the 2-core machine it was measured on.
+        ("local_cpu", 2, "gloo", "search", "cpu-2core"),
+        # No GPU profile has been measured: the GPU clusters keep the rule.
+        ("gpu_1x8", 8, "nccl", "heuristic", ""),
+        ("gpu_2x8", 16, "nccl", "heuristic", ""),
+    ],
 )
-def test_clusters_name_their_devices_and_default_to_the_heuristic_plan(cluster, num_devices, backend):
+def test_clusters_name_their_devices_and_default_plans(cluster, num_devices, backend, plan, profile):
     cfg = _compose([f"cluster={cluster}"])
-    assert (cfg.cluster.num_devices, cfg.cluster.backend, cfg.cluster.plan) == (num_devices, backend, "heuristic")
+    assert (cfg.cluster.num_devices, cfg.cluster.backend) == (num_devices, backend)
+    assert (cfg.cluster.plan, cfg.cluster.profile) == (plan, profile)
     assert cfg.cluster.uses_gpus == (backend == "nccl")
+
+
+def test_a_shipped_profile_is_found_from_any_working_directory(tmp_path, monkeypatch):
+    from planning.config import PROFILES_DIR, profile_path
+
+    monkeypatch.chdir(tmp_path)
+    assert profile_path("cpu-2core") == PROFILES_DIR / "cpu-2core.json"
+    assert profile_path("cpu-2core").is_file()
+    assert profile_path("docs/p.json") == Path("docs/p.json")  # not a shipped name: a path, as given
+    with pytest.raises(Exception) as info:
+        _compose(["cluster.profile=cpu-8core"])
+    assert "cluster.profile=cpu-8core: no such file, nor a shipped profile (cpu-2core)" in str(info.value)
 
 
 @pytest.mark.parametrize(

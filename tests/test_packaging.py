@@ -40,7 +40,8 @@ def test_a_wheel_installs_working_commands(tmp_path):
     )
     (wheel,) = wheels.glob("realm-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"train.py", "configs/train.yaml", "configs/model/tiny.yaml", "data/gsm8k/test.jsonl"} <= names
+    shipped = {"train.py", "configs/train.yaml", "configs/model/tiny.yaml", "data/gsm8k/test.jsonl"}
+    assert shipped | {"planning/profiles/cpu-2core.json"} <= names
     subprocess.run([*pip, "install", "-q", "--no-deps", "--target", str(site), str(wheel)], check=True)
     env = {**os.environ, "PYTHONPATH": str(site), "REALM_CACHE_DIR": str(tmp_path / "cache")}
 

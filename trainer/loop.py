@@ -255,7 +255,7 @@ def _attempt(cfg: TrainConfig, run_dir: Path, prepared: Prepared, restarts: list
     run = None
     try:
         policy_dir = warm_start(cfg, prepared.base_dir, prepared.train_problems)
-        longest = max(len(prepared.prompt_tokens[p.id]) for p in prepared.train_problems)
+        longest = longest_prompt(prepared.prompt_tokens, prepared.train_problems)
         plan, lifecycle = execution_plan(cfg, policy_dir, prepared.reward_dir, run_dir, longest)
         runtime = deploy(cfg, cluster, plan, lifecycle, policy_dir)
         p = prepared
@@ -277,6 +277,12 @@ def _attempt(cfg: TrainConfig, run_dir: Path, prepared: Prepared, restarts: list
         if run is not None and run.writer is not None:
             run.writer.close()
         cluster.shutdown()
+
+
+def longest_prompt(prompt_tokens: dict[str, list[int]], problems: list[Problem]) -> int:
+    """Tokens of the longest of ``problems``' prompts: the cost model prices a run's time at it (its calls
+    trim padding to each micro-batch's longest row)."""
+    return max(len(prompt_tokens[p.id]) for p in problems)
 
 
 def render_prompts(

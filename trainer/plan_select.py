@@ -24,7 +24,7 @@ from types import SimpleNamespace
 from typing import TYPE_CHECKING
 
 from models.config import ModelConfig, ModelSource
-from planning.config import ClusterConfig
+from planning.config import ClusterConfig, profile_path
 from planning.execution_plan import CallAllocation, ExecutionPlan, PlanError
 from reallocation.layout import ModelSpec
 from rewards.config import BUILTIN_REWARD_MODELS, RewardKind
@@ -158,7 +158,7 @@ def cluster_hardware(cl: ClusterConfig):
     costs when one is given (a PlanError names the key and the file when it cannot be read)."""
     from planning.estimator import hardware
 
-    profile = _load_profile(str(Path(cl.profile).expanduser())) if cl.profile else None
+    profile = _load_profile(str(profile_path(cl.profile))) if cl.profile else None
     return hardware(cl.hardware, cl.num_nodes, cl.devices_per_node, profile)
 
 
@@ -214,7 +214,7 @@ def resolve_plan(
         from planning.search import NoFitError, search_plan
 
         if log:
-            log(f"[plan] searching for {cl.plan_search_seconds:g} s ({cl.num_devices} x {cl.hardware})")
+            log(f"[plan] searching for {cl.plan_search_seconds:g} CPU s ({cl.num_devices} x {cl.hardware})")
         try:
             # Also from the rule's plan: the search's result is then never slower than cluster.plan=heuristic.
             rule = fit_microbatches(realm_heuristic_plan(cl, specs, rows=rows, seq_len=seq_len), w, hw)
@@ -262,9 +262,10 @@ class PlanReport:
     """Why the plan cannot run (it does not fit the devices' memory), or None."""
 
 
-def plan_report(cfg: TrainConfig) -> PlanReport:
+def plan_report(cfg: TrainConfig, longest_prompt: int | None = None) -> PlanReport:
     """The plan ``cluster.plan`` gives this config: one line per call (mesh, layout, predicted seconds,
-    memory per device), the cost model's totals, and whether it fits the devices' memory.
+    memory per device), the cost model's totals, and whether it fits the devices' memory. With
+    ``longest_prompt`` (``workload``'s), time is priced as the run prices it, so a searched plan is the run's.
 
     Reads shapes from the configs only (no weights, no download, no Ray). The call's memory is its
     own (resident + active) bytes per device; the peak is the fullest device of its mesh with every
@@ -274,14 +275,15 @@ def plan_report(cfg: TrainConfig) -> PlanReport:
 
     cl = cfg.cluster
     specs = model_specs(cfg)
-    plan = resolve_plan(cfg, specs)
-    w = workload(cfg, specs)
+    plan = resolve_plan(cfg, specs, longest_prompt=longest_prompt)
+    w = workload(cfg, specs, longest_prompt)
     hw = cluster_hardware(cl)
     cost = estimate_plan(plan, w, hw)
     gib = float(1 << 30)
     lines = [
         f"cluster: {cl.num_nodes} x {cl.devices_per_node} {cl.hardware}; plan: {plan.source}; model "
         f"{cfg.model.name}; {w.batch} sequences x ({w.prompt_len} prompt + {w.gen_len} new) tokens per iteration"
+        + (f", time at {w.computed_prompt_len}-token prompts" if longest_prompt else "")
     ]
     for call, alloc in plan.calls.items():
         resident, active = call_memory(call, w.spec(call), alloc, w)

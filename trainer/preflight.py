@@ -51,8 +51,17 @@ def preflight(cfg: TrainConfig, run_dir: Path | None) -> tuple[list[str], list[s
         check("resume", lambda: check_resume(cfg, run_dir))
     from trainer.plan_select import PLAN_FILE, plan_report
 
+    longest: list[int | None] = [None]
+
+    def prompts() -> str:
+        longest[0] = longest_training_prompt(cfg)
+        if longest[0] is None:
+            return "the policy's tokenizer is not here yet: time is priced at rollout.max_prompt_tokens"
+        return f"the longest training prompt is {longest[0]} tokens (the plan's time is priced at it, as the run's)"
+
+    check("prompts", prompts)
     try:
-        report = plan_report(cfg)
+        report = plan_report(cfg, longest_prompt=longest[0])
     except PlanError as e:
         lines.append(f"plan: FAILED: {e}")
         return lines, problems + [f"plan: {e}"]
@@ -70,6 +79,26 @@ def describe_data(cfg: TrainConfig) -> str:
 
     train, heldout = load_data(cfg)
     return f"{len(train)} training prompts ({cfg.data.name}), {len(heldout)} held-out problems ({cfg.data.heldout})"
+
+
+def longest_training_prompt(cfg: TrainConfig) -> int | None:
+    """Tokens of the longest rendered training prompt, at which the run prices its plan
+    (``trainer.loop.longest_prompt``), when the policy's tokenizer is on this machine already; None when it
+    is not (nothing is built or downloaded here). A prompt over ``rollout.max_prompt_tokens`` raises DataError."""
+    from transformers import AutoTokenizer
+
+    from models.registry import cached_model_dir
+    from trainer.loop import load_data, longest_prompt, render_prompts
+
+    model_dir = cached_model_dir(cfg.model)
+    if model_dir is None:
+        return None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except (OSError, ValueError):  # a hub cache with the config but not the tokenizer's files
+        return None
+    train, _ = load_data(cfg)
+    return longest_prompt(render_prompts(cfg, tokenizer, train)[1], train)
 
 
 def _locate_model(model) -> str:

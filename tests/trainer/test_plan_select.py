@@ -43,7 +43,7 @@ def test_qwen_math_shapes_give_the_published_parameter_counts():
 @pytest.mark.parametrize("cluster", ["local_cpu", "gpu_1x8", "gpu_2x8"])
 @pytest.mark.parametrize("model", ["tiny", "qwen2.5-math-1.5b-instruct", "qwen2.5-math-7b-instruct"])
 def test_heuristic_uses_every_device_and_never_more(cluster, model):
-    cfg = _cfg(f"cluster={cluster}", f"model={model}")
+    cfg = _cfg(f"cluster={cluster}", f"model={model}", "cluster.plan=heuristic")
     plan = resolve_plan(cfg, model_specs(cfg))
     n = cfg.cluster.num_devices
     assert plan.num_devices == n and plan.source == "heuristic"
@@ -112,7 +112,12 @@ def test_heuristic_splits_the_largest_calls_until_the_fullest_device_fits():
     from planning.estimator import estimate_plan, hardware
 
     cfg = _cfg(
-        "model=smollm2-135m", "rollout.num_prompts=16", "rollout.num_samples_per_prompt=4", "rollout.max_new_tokens=256"
+        "model=smollm2-135m",
+        "rollout.num_prompts=16",
+        "rollout.num_samples_per_prompt=4",
+        "rollout.max_new_tokens=256",
+        "cluster.plan=heuristic",
+        "cluster.profile=",  # the cpu preset's analytic model, as hw below
     )
     specs = model_specs(cfg)
     w, hw = workload(cfg, specs), hardware("cpu", 1, 2)
@@ -305,15 +310,17 @@ def test_a_public_prm_is_planned_from_its_known_shape_without_download():
 
 
 def test_cluster_profile_prices_the_dry_run_with_measured_costs(tmp_path):
-    """cluster.profile: the dry run's prediction comes from the profile (here the one committed with the
-    calibration, docs/plan_calibration_profile.json: this machine's layer costs, its 2 cores and fixed
-    call costs) instead of the cpu preset's analytic model; a missing file or a broken one is named."""
+    """cluster.profile: the dry run's prediction comes from the profile (by path, here the one the earlier
+    benchmarks used, docs/plan_calibration_profile.json, or by the name of one shipped, local_cpu's default:
+    this machine's layer costs, its 2 cores and fixed call costs) instead of the cpu preset's analytic
+    model; a missing file or a broken one is named."""
     from trainer.plan_select import plan_report
 
     profile = Path(__file__).resolve().parents[2] / "docs" / "plan_calibration_profile.json"
-    analytic = plan_report(_cfg()).summary
-    measured = plan_report(_cfg(f"cluster.profile={profile}")).summary
-    assert analytic != measured and "predicted" in measured
+    analytic = plan_report(_cfg("cluster.plan=heuristic", "cluster.profile=")).summary
+    measured = plan_report(_cfg("cluster.plan=heuristic", f"cluster.profile={profile}")).summary
+    shipped = plan_report(_cfg("cluster.plan=heuristic")).summary
+    assert len({analytic, measured, shipped}) == 3 and "predicted" in measured
     with pytest.raises(ValueError, match="cluster.profile=.*no such file"):
         _cfg(f"cluster.profile={tmp_path / 'missing.json'}")
     (tmp_path / "broken.json").write_text("{}")
