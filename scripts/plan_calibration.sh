@@ -3,10 +3,12 @@
 # of the tiny model's layers and of an empty call, six plans run through train.py (the benchmark's
 # workload under three plans, the simulated 2 x 4 cluster test's three plans), then predicted against
 # measured seconds per iteration. Run it with the machine otherwise quiet; every run records the load
-# averages around it (load.json). About 10 minutes on 2 cores.
+# averages around it (load.json). About 6 minutes on 2 cores.
 #   bash scripts/plan_calibration.sh [OUT_DIR]      # default outputs/plan_calibration
 # Writes OUT_DIR/profile.json, OUT_DIR/empty_calls.json, the run directories, and
-# docs/plan_iteration_calibration.jsonl (one row per run and a summary row).
+# docs/plan_iteration_calibration.jsonl (one row per run and a summary row). OUT_DIR/profile.json is what
+# planning/profiles/cpu-2core.json (local_cpu's cluster.profile) was copied from; on another machine pass it
+# as cluster.profile=OUT_DIR/profile.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-outputs/plan_calibration}"

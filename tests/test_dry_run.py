@@ -159,3 +159,25 @@ def test_dry_run_fails_when_the_model_is_not_here_offline(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: model: model 'qwen2.5-math-1.5b-instruct'") and "not available offline" in last
     assert "Traceback" not in proc.stderr
+
+
+def test_the_dry_run_prices_the_plan_at_the_longest_prompt_as_the_run_does(tiny_model_dir, tmp_path):
+    """With the tiny model built (``tiny_model_dir``) the dry run renders the training prompts, as the run
+    does before it plans (``trainer.loop.longest_prompt``), so the search prices the same workload and its
+    plan.yaml is the one the run will write; without it, it says so and prices rollout.max_prompt_tokens."""
+    from transformers import AutoTokenizer
+
+    from trainer.loop import load_data, longest_prompt, render_prompts
+    from trainer.preflight import longest_training_prompt, preflight
+
+    cfg = _cfg()
+    train, _ = load_data(cfg)
+    expected = longest_prompt(render_prompts(cfg, AutoTokenizer.from_pretrained(tiny_model_dir), train)[1], train)
+    assert longest_training_prompt(cfg) == expected < cfg.rollout.max_prompt_tokens
+    lines, problems = preflight(cfg, tmp_path)
+    assert not problems
+    assert f"prompts: the longest training prompt is {expected} tokens" in "\n".join(lines)
+    assert f"time at {expected}-token prompts" in next(line for line in lines if line.startswith("cluster: "))
+    missing = _cfg("model.tiny.seed=12345")  # another tiny model, never built
+    assert longest_training_prompt(missing) is None
+    assert "tokenizer is not here yet" in "\n".join(preflight(missing, None)[0])

@@ -155,6 +155,7 @@ def _train(address: str, run_dir: Path, *overrides: str) -> list[dict]:
         # Priced as GPUs: the lifecycle has the engines sleep between generations, which the runtime then
         # does (vLLM-CPU has no sleep mode: the engines change state and free nothing).
         "cluster.hardware=h100",
+        "cluster.profile=",  # the h100 preset's costs, not local_cpu's CPU profile
         # Each prompt seeds its own samples, so that plans with different generation layouts draw the
         # same rollouts and their metrics can be compared (one seed per engine would not).
         "rollout.seed_per=prompt",
@@ -319,7 +320,7 @@ def test_three_plans_train_the_same_on_a_simulated_two_node_cluster(cluster_addr
     inference on 4 replicas of the critic's devices, reference inference on one TP-2 replica). All
     on the tiny model with 2 kv heads (TP shards k/v by head; the default tiny model has one)."""
     common = (KV2, "+reward=prm_clip_delta", f"reward_models.prm.path={prm_dir}")
-    runs = {"heuristic": _train(cluster_address, tmp_path / "heuristic", *common)}
+    runs = {"heuristic": _train(cluster_address, tmp_path / "heuristic", *common, "cluster.plan=heuristic")}
     for name, text in (("disjoint", DISJOINT_INFERENCE), ("tp", TENSOR_PARALLEL)):
         (tmp_path / f"{name}.yaml").write_text(text)
         runs[name] = _train(cluster_address, tmp_path / name, *common, f"cluster.plan={tmp_path / name}.yaml")
