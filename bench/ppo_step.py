@@ -3,6 +3,7 @@
     python bench/ppo_step.py --threads 2 --rows 128
     python bench/ppo_step.py --model smollm2-135m --threads 1 --rows 4 --levers mallopt
     python bench/ppo_step.py --levers compile mallopt preload:/path/to/libtcmalloc_minimal.so.4
+    python bench/ppo_step.py --threads 1 --rows 128 --microbatches 16 --torch-profile
 
 The step is ``runtime.device.shards``' policy update on one minibatch: response log-probabilities and
 entropy (``response_logprobs``), the PPO-clip loss, the backward, the gradient-norm clip and the fused
@@ -17,6 +18,11 @@ and its ratio to eager. Levers:
 - ``mallopt``: glibc's malloc kept from returning freed memory to the OS between steps (``mallopt``:
   mmap threshold 32 MiB, trim threshold 1 GiB, top pad 64 MiB), so large tensors are not page-faulted anew;
 - ``preload:PATH``: ``LD_PRELOAD=PATH`` (tcmalloc, or Intel OpenMP's libiomp5).
+
+``--microbatches K`` runs each step's rows as K micro-batches whose gradients accumulate, as a device
+process runs a minibatch (the default run's searched plan: 128 rows per step in 16 micro-batches of 8).
+``--torch-profile`` prints, instead, where one eager step's time goes: torch's profiler, operators by
+their own CPU time.
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -44,8 +51,17 @@ def _keep_freed_memory() -> None:
             raise SystemExit(f"mallopt({option}, {value}) failed")
 
 
-def measure(model_name: str, threads: int, rows: int, compile_body: bool, num_steps: int = 10) -> dict[str, float]:
-    """This process's milliseconds per step (and per no-grad forward) after 5 warm-up steps."""
+def measure(
+    model_name: str,
+    threads: int,
+    rows: int,
+    compile_body: bool,
+    num_steps: int = 10,
+    num_microbatches: int = 1,
+    torch_profile: bool = False,
+) -> dict[str, float]:
+    """This process's milliseconds per step (and per no-grad forward) after 5 warm-up steps; with
+    ``torch_profile``, also the profiler's table of one more step (``"table"``)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -77,10 +93,13 @@ def measure(model_name: str, threads: int, rows: int, compile_body: bool, num_st
         }
 
     def step(b: dict[str, torch.Tensor]) -> None:
-        logprobs, _ = response_logprobs(model, b, 1.0, with_entropy=True)
-        mask = b["response_mask"]
-        loss, _ = policy_loss(logprobs, b["old_logprobs"], b["advantages"], mask, 0.2, mask.sum())
-        loss.backward()
+        num_tokens = b["response_mask"].sum()
+        for part in torch.arange(rows).tensor_split(num_microbatches):
+            mb = {k: v[part] for k, v in b.items()}
+            logprobs, _ = response_logprobs(model, mb, 1.0, with_entropy=True)
+            mask = mb["response_mask"]
+            loss, _ = policy_loss(logprobs, mb["old_logprobs"], mb["advantages"], mask, 0.2, num_tokens)
+            loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -98,13 +117,21 @@ def measure(model_name: str, threads: int, rows: int, compile_body: bool, num_st
         for b in batches:
             response_logprobs(model, b, 1.0)
     forward_ms = (time.perf_counter() - start) / num_steps * 1e3
-    return {"warm_up_s": warm_up, "step_ms": step_ms, "no_grad_forward_ms": forward_ms}
+    result: dict[str, Any] = {"warm_up_s": warm_up, "step_ms": step_ms, "no_grad_forward_ms": forward_ms}
+    if torch_profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            step(batches[0])
+        result["table"] = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+    return result
 
 
 def run_variant(args: argparse.Namespace, lever: str) -> dict[str, float]:
     """``lever`` ("eager" for none) measured in a fresh process."""
     env = dict(os.environ)
     cmd = [sys.executable, __file__, "--model", args.model, "--threads", str(args.threads), "--rows", str(args.rows)]
+    cmd += ["--microbatches", str(args.microbatches)] + (["--torch-profile"] if args.torch_profile else [])
     if lever.startswith("preload:"):
         path = lever.split(":", 1)[1]
         if not Path(path).is_file():
@@ -123,6 +150,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="tiny", help="a configs/model/ name (tiny, smollm2-135m, ...)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads, as a device process has")
     parser.add_argument("--rows", type=int, default=64, help="rows per step (a minibatch's share of a device)")
+    parser.add_argument("--microbatches", type=int, default=1, help="micro-batches per step (gradients accumulate)")
+    parser.add_argument("--torch-profile", action="store_true", help="print where one eager step's time goes")
     parser.add_argument("--levers", nargs="*", default=["compile", "mallopt"], help="compile, mallopt, preload:PATH")
     parser.add_argument("--variant", default="", help=argparse.SUPPRESS)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -130,13 +159,24 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         if args.variant == "mallopt":
             _keep_freed_memory()
-        print(json.dumps(measure(args.model, args.threads, args.rows, compile_body=args.variant == "compile")))
+        compile_body = args.variant == "compile"
+        print(
+            json.dumps(
+                measure(args.model, args.threads, args.rows, compile_body, 10, args.microbatches, args.torch_profile)
+            )
+        )
         return
     for lever in args.levers:
         if lever not in ("compile", "mallopt") and not lever.startswith("preload:"):
             raise SystemExit(f"--levers: unknown lever {lever!r} (compile, mallopt, preload:PATH)")
-    print(f"PPO actor step, {args.model}, {args.rows} rows, {args.threads} thread(s); each variant in its own process")
+    print(
+        f"PPO actor step, {args.model}, {args.rows} rows in {args.microbatches} micro-batch(es), {args.threads} "
+        "thread(s); each variant in its own process"
+    )
     eager = run_variant(args, "eager")
+    if args.torch_profile:
+        print(f"eager: {eager['step_ms']:.1f} ms per step; one step under torch's profiler:\n{eager['table']}")
+        return
     print("| variant | warm-up s | ms per step | x eager | no-grad forward ms | x eager |")
     print("| --- | ---: | ---: | ---: | ---: | ---: |")
     for lever, r in [("eager", eager)] + [(lever, run_variant(args, lever)) for lever in args.levers]:

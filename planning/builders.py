@@ -2,7 +2,7 @@
 
 realm's own rules, what ``cluster.plan`` runs when it does not search (``trainer.plan_select``):
 
-- ``realm_heuristic_plan`` (``cluster.plan=heuristic``, the default): a fixed rule that fits any
+- ``realm_heuristic_plan`` (``cluster.plan=heuristic``, the GPU clusters' default): a fixed rule that fits any
   cluster shape, in layouts the runtime runs, data parallel only. Generation on every device, one vLLM
   replica each; on one node every other call on every device too, on several the actor's side
   (training, reference) on the first half of the nodes and the critic's side (critic, reward model) on

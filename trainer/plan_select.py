@@ -3,7 +3,7 @@
     specs = model_specs(cfg)                     # "actor", "critic", "ref" (+ "reward") -> ModelSpec
     plan = resolve_plan(cfg, specs)              # heuristic | search | disjoint | PATH.yaml
 
-- ``heuristic`` (the default) and ``disjoint``: realm's rules (``planning.builders``:
+- ``heuristic`` (the GPU clusters' default; local_cpu searches) and ``disjoint``: realm's rules (``planning.builders``:
   ``realm_heuristic_plan`` then ``fit_microbatches``, ``realm_disjoint_plan``);
 - ``search``: the cost model's search (``planning.search.search_plan``) within
   ``cluster.plan_search_seconds``, also started from the heuristic's plan so it is never slower;

@@ -70,6 +70,12 @@ def test_ppo_step_bench_times_eager_and_a_lever_in_processes_of_their_own():
     assert len(rows) == 2 and rows[0].split("|")[4].strip() == "1.00"  # eager against itself
 
 
+def test_ppo_step_bench_profiles_a_step_of_micro_batches():
+    proc = _run(["bench/ppo_step.py", "--rows", "4", "--microbatches", "2", "--torch-profile"])
+    assert "4 rows in 2 micro-batch(es)" in proc.stdout
+    assert "aten::mm" in proc.stdout and "Self CPU time total" in proc.stdout
+
+
 def test_ppo_step_bench_names_an_unknown_lever():
     proc = subprocess.run(
         [sys.executable, "bench/ppo_step.py", "--levers", "fast"], cwd=ROOT, capture_output=True, text=True
