@@ -59,7 +59,7 @@ def measure(
     num_steps: int = 10,
     num_microbatches: int = 1,
     torch_profile: bool = False,
-) -> dict[str, float]:
+) -> dict[str, Any]:
     """This process's milliseconds per step (and per no-grad forward) after 5 warm-up steps; with
     ``torch_profile``, also the profiler's table of one more step (``"table"``)."""
     import torch
@@ -127,7 +127,7 @@ def measure(
     return result
 
 
-def run_variant(args: argparse.Namespace, lever: str) -> dict[str, float]:
+def run_variant(args: argparse.Namespace, lever: str) -> dict[str, Any]:
     """``lever`` ("eager" for none) measured in a fresh process."""
     env = dict(os.environ)
     cmd = [sys.executable, __file__, "--model", args.model, "--threads", str(args.threads), "--rows", str(args.rows)]
