@@ -314,10 +314,19 @@ def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload,
         gathers = (2 * mb * epochs + steps) * (dp - 1) / dp * shard / _dp_link(alloc, hw)
         t = max(t, gathers) + hw.collective_latency_s * spec.num_layers * mb * epochs
     if hw.profile is not None:  # the measured Adam step of one unsharded layer, split by FSDP
-        t += steps * _measured("optimizer", spec, 0, alloc, hw) * spec.num_layers / (pp * dp)
+        t += steps * _measured(_optimizer_op(alloc, hw), spec, 0, alloc, hw) * spec.num_layers / (pp * dp)
     else:  # Adam reads and writes the fp32 state
         t += steps * 2 * n * (w.train_state_bytes - w.value_bytes) / (tp * pp * dp) / hw.hbm_bytes_per_s
     return t + steps * hw.step_overhead_s
+
+
+def _optimizer_op(alloc: CallAllocation, hw: Hardware) -> str:
+    """The profile's op for a training layout's AdamW step: the fused step (``common.optim.adamw``), or with
+    tp > 1 the default path, which a layout of TP-sharded DTensors beside replicated plain tensors takes
+    (``common.optim.fusable``: one fused call cannot take both kinds, nor DTensors of several meshes)."""
+    if alloc.tp > 1 and hw.profile.has("optimizer_unfused"):  # type: ignore[attr-defined]
+        return "optimizer_unfused"
+    return "optimizer"
 
 
 def training_layout_forward_seconds(spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:

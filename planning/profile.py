@@ -44,7 +44,10 @@ from common.optim import adamw
 from planning.shapes import named_spec
 from reallocation.layout import ModelSpec
 
-OPS = ("forward", "train", "optimizer", "decode", "head_forward", "head_train")
+OPS = ("forward", "train", "optimizer", "optimizer_unfused", "decode", "head_forward", "head_train")
+"""``optimizer``: the fused AdamW step the device processes run (``common.optim.adamw``); ``optimizer_unfused``:
+torch's default AdamW path, which a tensor-parallel layout's mixed DTensor and plain parameters take
+(``common.optim.fusable``). Profiles written before it existed lack it; the estimator then prices both alike."""
 CPU_GRID = dict(
     batches=(1, 4, 16), seqs=(16, 64, 256), decode_batches=(1, 4, 16, 64, 256), contexts=(32, 128, 512), tps=(1, 2)
 )
@@ -132,6 +135,9 @@ class Profile:
             float(data.get("call_overhead_s", 0.0)),
             float(data.get("step_overhead_s", 0.0)),
         )
+
+    def has(self, op: str) -> bool:
+        return any(r["op"] == op for r in self.entries)
 
     def seconds(self, op: str, spec: ModelSpec, *, tokens: float, context: float = 0.0, tp: int = 1) -> float:
         """Seconds of ``op`` for one layer (or the LM head) of ``spec`` on ``tokens`` tokens.
@@ -312,6 +318,8 @@ def _measure_shape(spec: ModelSpec, tp: int, device: str, dtype: Any, grid: dict
                 row("decode", b, c, _timed(partial(layer, x, past), device))
     layer(torch.randn(1, 4, spec.hidden_size, device=device, dtype=dtype)).sum().backward()
     row("optimizer", 0, 0, _timed(opt.step, device))
+    unfused = torch.optim.AdamW(layer.parameters(), lr=1e-6)
+    row("optimizer_unfused", 0, 0, _timed(unfused.step, device))
     return out
 
 

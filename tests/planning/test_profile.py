@@ -54,6 +54,26 @@ def test_estimator_composes_the_profile():
     assert call_seconds("ref_inf", TINY, CallAllocation((0, 1), dp=2), w, hw) == pytest.approx(2 * 0.25 + 0.125)
 
 
+def test_tensor_parallel_training_is_priced_with_the_unfused_adam_step_it_runs():
+    """A TP layout's parameters mix DTensors and plain tensors, so its AdamW takes torch's default path
+    (``common.optim.fusable``); a profile that timed that path prices it there, and only there."""
+    from dataclasses import replace
+
+    base = hand_profile()
+    key = _shape_key(TINY)
+    unfused_row = {"op": "optimizer_unfused", "shape": key, "tp": 1, "tokens": 0, "context": 0, "seconds": 0.04}
+    with_unfused = replace(base, entries=[*base.entries, unfused_row])
+    w = Workload(TINY, TINY, None, batch=2, prompt_len=100, gen_len=0)
+
+    def train(profile: Profile, alloc: CallAllocation) -> float:
+        return call_seconds("actor_train", TINY, alloc, w, hardware("cpu", 1, 4, profile))
+
+    one, tp2 = CallAllocation((0,)), CallAllocation((0, 1), tp=2)
+    assert train(with_unfused, one) == pytest.approx(train(base, one))  # tp 1: the fused step, as before
+    # tp 2 (not measured: the one-device step / 2): 1 step x 2 layers x (0.04 - 0.01) / 2 more.
+    assert train(with_unfused, tp2) - train(base, tp2) == pytest.approx(2 * (0.04 - 0.01) / 2)
+
+
 def test_generation_in_waves_pays_for_its_smaller_decode_steps():
     """One wave of 256 sequences against 16 waves of 16, prefill priced free so that the decode steps show.
     A decode step of 256 sequences costs 4x one of 16 (batching pays), so the 16 waves cost 4x the one."""
@@ -108,7 +128,15 @@ def test_measure_tiny_on_cpu_gives_every_op():
         grid=dict(batches=(1,), seqs=(8,), decode_batches=(1, 2), contexts=(16,), tps=(1,)),
         progress=False,
     )
-    assert {r["op"] for r in p.entries} == {"forward", "train", "optimizer", "decode", "head_forward", "head_train"}
+    assert {r["op"] for r in p.entries} == {
+        "forward",
+        "train",
+        "optimizer",
+        "optimizer_unfused",
+        "decode",
+        "head_forward",
+        "head_train",
+    }
     assert all(r["seconds"] > 0 for r in p.entries)
     assert sorted(r["tokens"] for r in p.entries if r["op"] == "decode") == [1, 2]  # decode_batches, not batches
 
