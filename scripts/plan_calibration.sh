@@ -19,9 +19,10 @@ load() { $py -c 'import os, json; print(json.dumps(list(os.getloadavg())))'; }
 
 echo "[calibration] $(date -u +%FT%TZ) profile (load $(load))"
 # The tiny model's layers only. With SmolLM2-135M's too (--models tiny,smollm2-135m), the search priced SmolLM2
-# by its own layers and chose FSDP over both devices for its training (predicted 434 s an iteration), which
-# ran at 428 s against 214 s for the actor and critic side by side that the tiny-scaled pricing picks: the
-# cost model prices FSDP's gloo collectives as overlapped with compute, which on 2 shared cores they are not.
+# by its own layers and chose FSDP over both devices for its training (predicted 434 s an iteration); the
+# heuristic's FSDP layout measured 428 s there, the side-by-side plan that the tiny-scaled pricing picks 214 s
+# (docs/plan_search.md): FSDP's gloo collectives are priced as overlapped with compute, which on 2 shared
+# cores they are not.
 $py -m planning.profile --out "$out/profile.json" --models tiny
 # The benchmark's workload (bench/ppo_iteration.py --num-prompts 64 --samples-per-prompt 8).
 bench=(rollout.num_prompts=64 rollout.num_samples_per_prompt=8 rollout.max_new_tokens=48 run.num_iterations=3
