@@ -77,6 +77,19 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
     assert rows[3]["reward/eta"] == rows[1]["reward/eta"]
 
 
+@pytest.mark.slow
+def test_the_dry_run_writes_the_plan_the_run_searches(tiny_model_dir, tmp_path):
+    """local_cpu searches its plan at start; the dry run prices the same prompts (its longest rendered one)
+    with the same seed, so the plan.yaml it writes is the one the run writes. ``tiny_model_dir``: the model is
+    built, so the dry run finds its tokenizer (it builds nothing itself)."""
+    dry = _train(["run.dry_run=true", *SMALL, f"hydra.run.dir={tmp_path / 'dry'}"])
+    assert dry.returncode == 0, dry.stderr[-3000:]
+    assert "prompts: the longest training prompt is" in dry.stdout
+    _last_line(_train(["run.num_iterations=1", *SMALL, f"hydra.run.dir={tmp_path / 'run'}"]))
+    plans = [(tmp_path / name / "plan.yaml").read_text() for name in ("dry", "run")]
+    assert "source: search" in plans[0] and plans[0] == plans[1]
+
+
 # Wall-clock keys: everything else in a metrics row is a function of the seed on one machine.
 _TIMING_PREFIXES = ("time/", "throughput/", "call/")
 
