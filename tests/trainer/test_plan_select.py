@@ -16,6 +16,7 @@ from trainer.compose import to_train_config
 from trainer.config import TrainConfig, register_configs
 from trainer.plan_select import (
     PLAN_FILE,
+    cluster_hardware,
     model_spec,
     model_specs,
     resolve_plan,
@@ -326,3 +327,22 @@ def test_cluster_profile_prices_the_dry_run_with_measured_costs(tmp_path):
     (tmp_path / "broken.json").write_text("{}")
     with pytest.raises(PlanError, match=r"cluster.profile: .*broken.json: missing key 'device'"):
         plan_report(_cfg(f"cluster.profile={tmp_path / 'broken.json'}"))
+
+
+def test_the_cpu_default_searches_the_side_by_side_plan_well_inside_its_budget():
+    """local_cpu's default (search, priced with the shipped cpu-2core profile, at the default run's longest
+    prompt): actor and critic trained side by side, one on each device, generation in one wave on both; the
+    same plan from a twentieth of the 1 CPU-second budget as from all of it."""
+    import time
+
+    from planning.search import search
+
+    cfg = _cfg()
+    assert (cfg.cluster.plan, cfg.cluster.profile, cfg.cluster.plan_search_seconds) == ("search", "cpu-2core", 1.0)
+    specs = model_specs(cfg)
+    w, hw = workload(cfg, specs, longest_prompt=39), cluster_hardware(cfg.cluster)
+    plans = [search(w, hw, seconds_budget=b, clock=time.process_time).plan for b in (0.05, 1.0)]
+    assert plans[0].calls == plans[1].calls
+    calls = plans[1].calls
+    assert {calls["actor_train"].devices, calls["critic_train"].devices} == {(0,), (1,)}
+    assert calls["actor_gen"].devices == (0, 1) and calls["actor_gen"].num_microbatches == 1
