@@ -172,6 +172,11 @@ class ShapedReward:
             step_mask,
             num_tokens,
         )
+        if cfg.kind != RewardKind.success and batch:
+            # How much of the batch the learned reward reaches at all: Clip-Delta leaves most steps at exactly 0.
+            metrics["reward/nonzero_response_fraction"] = float((learned != 0).float().mean())
+            if cfg.kind == RewardKind.prm and step_mask.any():
+                metrics["reward/nonzero_step_fraction"] = float((step_rewards[step_mask] != 0).float().mean())
         if batch:
             metrics.update(
                 {

@@ -104,11 +104,13 @@ class RewardConfig:
     fraction of steps gets zero reward under Clip (rewards.eta). The reward paper suggests most steps
     get 0, e.g. 0.8. The chosen eta is reported in RewardBatch.metrics["reward/eta"]."""
     alpha_matched_to: Refinement | None = None
-    """A control for the hacking study (raw PRM only): if set, alpha is recalibrated on the first reward
-    call so that the learned reward per response has the standard deviation it would have under this
-    refinement (eta from eta_zero_fraction), on the same rollouts: alpha = alpha * std(target) / std(raw).
-    It separates "a refinement stops hacking" from "a weaker learned signal stops hacking". The chosen
-    alpha is reported in RewardBatch.metrics["reward/alpha"] and kept in checkpoints."""
+    """A control for the hacking study (PRM only): if set, alpha is recalibrated on the first reward call so
+    that the learned reward per response has the standard deviation it would have under this other
+    refinement (eta from eta_zero_fraction), on the same rollouts: alpha = alpha * std(target) / std(own).
+    Raw PRM matched to Clip-Delta (``prm_alpha_matched``) scales the hackable reward down; Clip-Delta matched
+    to raw PRM (``prm_clip_delta_matched``) scales the refined reward up to the hackable one's strength.
+    Together they separate "a refinement stops hacking" from "a weaker learned signal stops hacking". The
+    chosen alpha is reported in RewardBatch.metrics["reward/alpha"] and kept in checkpoints."""
     step_delimiter: str = "\n\n"
     """Where the policy's response is cut into steps. Must match how the PRM was trained (checked
     against realm_rm.json when the model has one)."""
@@ -124,10 +126,13 @@ class RewardConfig:
         if not self.step_delimiter:
             raise ValueError("reward.step_delimiter must be a non-empty string")
         clipped = (Refinement.clip, Refinement.clip_delta)
-        if self.alpha_matched_to is not None and (self.kind != RewardKind.prm or self.refinement != Refinement.none):
+        if self.alpha_matched_to is not None and (
+            self.kind != RewardKind.prm or self.refinement == self.alpha_matched_to
+        ):
             raise ValueError(
-                "reward.alpha_matched_to is a control for the raw PRM: it needs reward.kind=prm and "
-                f"reward.refinement=none (got {self.kind.value}, {self.refinement.value})"
+                "reward.alpha_matched_to scales one PRM refinement to another's spread: it needs reward.kind=prm "
+                f"and a reward.refinement other than itself (got {self.kind.value}, {self.refinement.value}, "
+                f"matched to {self.alpha_matched_to.value})"
             )
         if self.eta_zero_fraction is not None:
             if not 0.0 <= self.eta_zero_fraction <= 1.0:

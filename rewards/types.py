@@ -50,7 +50,7 @@ class RewardFn(Protocol):
 
 
 # Batch means taken over steps rather than responses (merged weighted by each part's number of steps).
-STEP_METRICS = ("reward/step_score", "reward/zero_clip_fraction")
+STEP_METRICS = ("reward/step_score", "reward/zero_clip_fraction", "reward/nonzero_step_fraction")
 
 
 def merge_reward_batches(parts: Sequence[RewardBatch]) -> RewardBatch:

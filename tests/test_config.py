@@ -25,8 +25,18 @@ def _compose(overrides: list[str]) -> TrainConfig:
 
 
 def test_option_lists_are_complete():
-    # The six options of the reward paper, and the hacking study's control (raw PRM at Clip-Delta's spread).
-    assert REWARDS == ["orm", "prm", "prm_alpha_matched", "prm_clip", "prm_clip_delta", "prm_delta", "success"]
+    # The six options of the reward paper, and the hacking study's two controls (raw PRM at Clip-Delta's
+    # spread, Clip-Delta at raw PRM's).
+    assert REWARDS == [
+        "orm",
+        "prm",
+        "prm_alpha_matched",
+        "prm_clip",
+        "prm_clip_delta",
+        "prm_clip_delta_matched",
+        "prm_delta",
+        "success",
+    ]
     assert {
         "tiny",
         "smollm2-135m",
@@ -58,10 +68,12 @@ def test_every_reward_composes_with_every_model(reward, model):
         "prm_clip": (RewardKind.prm, Refinement.clip),
         "prm_delta": (RewardKind.prm, Refinement.delta),
         "prm_clip_delta": (RewardKind.prm, Refinement.clip_delta),
-        "prm_alpha_matched": (RewardKind.prm, Refinement.none),  # the hacking study's control
+        "prm_alpha_matched": (RewardKind.prm, Refinement.none),  # the hacking study's controls
+        "prm_clip_delta_matched": (RewardKind.prm, Refinement.clip_delta),
     }[reward]
     assert (cfg.reward.kind, cfg.reward.refinement) == expected
-    assert cfg.reward.alpha_matched_to == (Refinement.clip_delta if reward == "prm_alpha_matched" else None)
+    matched = {"prm_alpha_matched": Refinement.clip_delta, "prm_clip_delta_matched": Refinement.none}
+    assert cfg.reward.alpha_matched_to == matched.get(reward)
 
 
 @pytest.mark.parametrize(

@@ -24,7 +24,16 @@ from common.cli import ArgumentParser, fail
 from common.files import atomic_save_figure, atomic_write_text
 from trainer.metrics import CURVES, drawn, panel_grid, read_metrics
 
-REWARD_ORDER = ["success", "orm", "prm", "prm_clip", "prm_delta", "prm_clip_delta", "prm_alpha_matched"]
+REWARD_ORDER = [
+    "success",
+    "orm",
+    "prm",
+    "prm_clip",
+    "prm_delta",
+    "prm_clip_delta",
+    "prm_alpha_matched",
+    "prm_clip_delta_matched",
+]
 
 
 def read_overrides(run: Path) -> dict[str, str]:
@@ -306,6 +315,7 @@ OPTION_COLOURS = {
     "prm_delta": "#009E73",
     "prm_clip_delta": "#CC79A7",
     "prm_alpha_matched": "#56B4E9",
+    "prm_clip_delta_matched": "#F0E442",
 }
 SWEEP_CURVES = [c for c in CURVES if c.key not in ("actor/entropy", "critic/loss")]
 """The sweep picture's panels: what the reward options are compared on (``trainer.metrics.CURVES``)."""

@@ -212,6 +212,40 @@ def test_alpha_matched_to_clip_delta_gives_raw_prm_its_spread(tok):
     assert fresh(batch[:1]).learned.tolist() == pytest.approx([alpha * 2.65])
 
 
+def test_clip_delta_matched_to_raw_prm_gets_the_raw_spread(tok):
+    """Round 3's arm: Clip-Delta with alpha scaled up to raw PRM's spread on the first rollouts."""
+    import statistics
+
+    cfg = RewardConfig(
+        kind=RewardKind.prm,
+        refinement=Refinement.clip_delta,
+        alpha_matched_to=Refinement.none,
+        eta_zero_fraction=0.75,
+        model=RewardModelConfig(path="builtin:synthetic-prm"),
+    )
+    reward = ShapedReward(cfg, tok, FakePRM(), fake_grade)
+    batch = [sample(tok, [STEP_1, STEP_2, ANSWER]), sample(tok, [ANSWER]), sample(tok, [STEP_2, ANSWER])]
+    out = reward(batch)
+    # The same rollouts as above, the other way round: alpha = std(raw sums) / std(Clip-Delta sums).
+    alpha = statistics.pstdev([2.65, 0.95, 1.75]) / statistics.pstdev([0.0, 0.0, -0.1])
+    assert reward.alpha == pytest.approx(alpha) and out.metrics["reward/alpha"] == pytest.approx(alpha)
+    assert out.learned.tolist() == pytest.approx([0.0, 0.0, -0.1 * alpha])
+    assert out.metrics["reward/learned_std"] == pytest.approx(statistics.pstdev([2.65, 0.95, 1.75]), rel=1e-5)
+    # eta 0.9: 0.9 0.8 0.95 -> c~ = 0, -0.1, 0 -> r = +0.1, -0.1, 0 (sum 0); 0.95 -> r = 0; 0.8 0.95 -> c~ = -0.1, 0
+    # -> r = -0.1, 0. Three of six steps are paid, one of three responses in total.
+    assert out.metrics["reward/nonzero_step_fraction"] == pytest.approx(3 / 6)
+    assert out.metrics["reward/nonzero_response_fraction"] == pytest.approx(1 / 3)
+
+
+def test_nonzero_fractions_of_raw_prm_and_success(tok):
+    batch = [sample(tok, [STEP_1, ANSWER]), sample(tok, [ANSWER])]
+    out = prm_reward(tok, Refinement.none)(batch)
+    assert out.metrics["reward/nonzero_step_fraction"] == 1.0
+    assert out.metrics["reward/nonzero_response_fraction"] == 1.0
+    success_only = ShapedReward(RewardConfig(), tok, None, fake_grade)(batch)
+    assert "reward/nonzero_response_fraction" not in success_only.metrics  # no learned reward to reach
+
+
 @pytest.mark.parametrize(
     "kwargs, fragment",
     [
@@ -240,10 +274,14 @@ def test_alpha_matched_to_clip_delta_gives_raw_prm_its_spread(tok):
         (
             dict(
                 kind=RewardKind.prm,
-                refinement=Refinement.clip,
+                refinement=Refinement.clip_delta,
                 alpha_matched_to=Refinement.clip_delta,
                 model=RewardModelConfig(path="x"),
             ),
+            "alpha_matched_to",
+        ),
+        (
+            dict(kind=RewardKind.orm, alpha_matched_to=Refinement.none, model=RewardModelConfig(path="x")),
             "alpha_matched_to",
         ),
     ],
