@@ -25,6 +25,7 @@ relative error.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -95,6 +96,13 @@ class Profile:
     """Seconds of a call on an (almost) empty batch: ``bench/empty_calls.py --profile`` writes it (0: not measured)."""
     step_overhead_s: float = 0.0
     """Seconds of one optimizer step of a training call on an empty batch beyond ``call_overhead_s`` (as it)."""
+    overheads: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Whole models' host floor on the profiled device (``measure_overheads``): model name -> its shape
+    (``spec``), ``rows`` x ``tokens`` of the micro-batch it ran, and per path (``plain``: one replica's fp32
+    weights under autocast; ``fsdp``: FSDP2's bf16 compute copies) the seconds of a ``forward``, a
+    ``train`` micro-batch (forward + backward) and a ``step`` (clip + AdamW + zero_grad). Empty: not measured."""
+    process_memory: dict[str, float] = field(default_factory=dict)
+    """Device bytes a process holds outside its tensors (``measure_process_memory``, CUDA only). Empty: not measured."""
 
     def save(self, path: str | Path) -> None:
         path = Path(path)
@@ -105,6 +113,8 @@ class Profile:
             "num_cores": self.num_cores,
             "call_overhead_s": self.call_overhead_s,
             "step_overhead_s": self.step_overhead_s,
+            "overheads": self.overheads,
+            "process_memory": self.process_memory,
             "shapes": self.shapes,
             "entries": self.entries,
         }
@@ -134,10 +144,32 @@ class Profile:
             data.get("num_cores"),
             float(data.get("call_overhead_s", 0.0)),
             float(data.get("step_overhead_s", 0.0)),
+            dict(data.get("overheads") or {}),
+            dict(data.get("process_memory") or {}),
         )
 
     def has(self, op: str) -> bool:
         return any(r["op"] == op for r in self.entries)
+
+    def overhead(self, kind: str, spec: ModelSpec, *, fsdp: bool = False) -> float:
+        """Seconds a whole model of ``spec`` takes for one ``kind`` ("forward" | "train" | "step") on a
+        micro-batch so small that the device idles (``measure_overheads``): the host's floor under
+        that call, whatever its batch. From the measured model of the same layer shape (else the
+        nearest in per-layer FLOPs), scaled by layer count (kernel launches grow with layers, not
+        width); 0 when the profile measured none. Worked example: a 28-layer model measured at
+        0.14 s a ``train`` micro-batch prices a 14-layer model of its shape at 0.07 s."""
+        path = "fsdp" if fsdp else "plain"
+        found = [
+            (ModelSpec(**o["spec"]), o[path][kind])
+            for o in self.overheads.values()
+            if o.get(path, {}).get(kind) is not None
+        ]
+        if not found:
+            return 0.0
+        target = _layer_flops_per_token(spec)
+        same = [f for f in found if _shape_key(f[0]) == _shape_key(spec)]
+        measured, seconds = min(same or found, key=lambda f: abs(math.log(_layer_flops_per_token(f[0]) / target)))
+        return float(seconds) * spec.num_layers / measured.num_layers
 
     def seconds(self, op: str, spec: ModelSpec, *, tokens: float, context: float = 0.0, tp: int = 1) -> float:
         """Seconds of ``op`` for one layer (or the LM head) of ``spec`` on ``tokens`` tokens.
@@ -243,14 +275,19 @@ def _backward_logsumexp(head: Callable[[Any], Any], x: Any) -> None:
     head(x).float().logsumexp(-1).sum().backward()
 
 
-def _timed(fn: Callable[[], Any], device: str, repeats: int = 3) -> float:
+def _timed(fn: Callable[[], Any], device: str, repeats: int = 3, before: Callable[[], Any] | None = None) -> float:
     """Seconds of ``fn``: the fastest of ``repeats`` runs after a warm-up, the one least disturbed by
-    other jobs sharing the machine (a median still carries their preemptions when most runs are hit)."""
+    other jobs sharing the machine (a median still carries their preemptions when most runs are hit).
+    ``before`` runs, untimed, before each run (what ``fn`` consumes, such as gradients)."""
     import torch
 
+    if before is not None:
+        before()
     fn()  # warm-up
     times = []
     for _ in range(repeats):
+        if before is not None:
+            before()
         if device == "cuda":
             torch.cuda.synchronize()
         t = time.perf_counter()
@@ -320,6 +357,189 @@ def _measure_shape(spec: ModelSpec, tp: int, device: str, dtype: Any, grid: dict
     row("optimizer", 0, 0, _timed(opt.step, device))
     unfused = torch.optim.AdamW(layer.parameters(), lr=1e-6)
     row("optimizer_unfused", 0, 0, _timed(unfused.step, device))
+    return out
+
+
+# --- a whole model's host floor ------------------------------------------------------------
+
+OVERHEAD_ROWS, OVERHEAD_PROMPT, OVERHEAD_RESPONSE = 1, 8, 8
+"""The micro-batch ``measure_overheads`` times: one row of 8 prompt and 8 response tokens, so little work
+that a GPU idles between kernels and the wall time is the host's (Python, autograd, and the launch of every
+kernel: the 1.5B policy step on 4 rows launched 4,427 kernels, ``../shared/gpu/step_parts.log``). A call of
+any batch takes at least this long per micro-batch: the device cannot finish before the host has issued
+its kernels."""
+OVERHEAD_KINDS = ("forward", "train", "step")
+OVERHEAD_PATHS = ("plain", "fsdp")
+
+
+def whole_model(spec: ModelSpec, device: str):
+    """An HF causal LM of ``spec``'s shape with seeded random weights in float32 (the trained models'
+    master dtype), built on ``device`` directly (a 7B model's random init on a host takes minutes): Qwen2
+    for q/k/v biases without an o bias, else Llama."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    fields: dict[str, Any] = dict(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        tie_word_embeddings=spec.tie_word_embeddings,
+        max_position_embeddings=4096,
+    )
+    if spec.qkv_bias and not spec.o_bias and spec.head_dim * spec.num_heads == spec.hidden_size:
+        config = AutoConfig.for_model("qwen2", **fields)
+    else:
+        config = AutoConfig.for_model(
+            "llama", head_dim=spec.head_dim, attention_bias=spec.qkv_bias, mlp_bias=spec.mlp_bias, **fields
+        )
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config)
+    return model.float().eval()
+
+
+def _policy_loss(model: Any, ids: Any, response: int) -> Any:
+    """The policy step's model work on ``ids``: logits of the response columns only (``logits_to_keep``, as
+    ``runtime.device.shards.response_logits``), float32 log-softmax, the sampled tokens' log-probabilities."""
+    logits = model(input_ids=ids, logits_to_keep=response + 1).logits[:, :-1]
+    logprobs = logits.float().log_softmax(-1).gather(-1, ids[:, -response:, None]).squeeze(-1)
+    return -logprobs.mean()
+
+
+def _path_overheads(model: Any, device: str, dtype: Any, plain: bool, repeats: int) -> dict[str, float | None]:
+    """Seconds of a forward, a train micro-batch and an optimizer step of ``model`` on the
+    ``OVERHEAD_*`` micro-batch (``step``: None when the device has no room for Adam's state)."""
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, model.config.vocab_size, (OVERHEAD_ROWS, OVERHEAD_PROMPT + OVERHEAD_RESPONSE), generator=g)
+    ids = ids.to(device)
+    cast = partial(torch.autocast, torch.device(device).type, dtype=dtype, enabled=plain and dtype != torch.float32)
+
+    def forward() -> None:
+        with torch.no_grad(), cast():
+            _policy_loss(model, ids, OVERHEAD_RESPONSE)
+
+    def train() -> None:
+        with cast():
+            loss = _policy_loss(model, ids, OVERHEAD_RESPONSE)
+        loss.backward()
+
+    out: dict[str, float | None] = {
+        "forward": _timed(forward, device, repeats),
+        "train": _timed(train, device, repeats),
+    }
+    try:
+        opt = adamw(model.parameters(), lr=1e-7)
+
+        def step() -> None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        out["step"] = _timed(step, device, repeats, before=train)
+    except torch.OutOfMemoryError:
+        out["step"] = None
+    return out
+
+
+@contextlib.contextmanager
+def _world_of_one(device: str):
+    """A one-rank process group (NCCL on CUDA, gloo on CPU; a file rendezvous, no socket listens) for
+    FSDP2, unless one exists; yields the one-device mesh."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    created = not dist.is_initialized()
+    with tempfile.TemporaryDirectory(prefix="realm-profile-pg-") as store:
+        if created:
+            device_id = torch.device(device, 0) if device == "cuda" else None
+            backend = "nccl" if device == "cuda" else "gloo"
+            dist.init_process_group(
+                backend, init_method=f"file://{store}/pg", rank=0, world_size=1, device_id=device_id
+            )
+        try:
+            yield init_device_mesh(device, (1,), mesh_dim_names=("dp",))
+        finally:
+            if created:
+                dist.destroy_process_group()
+
+
+def measure_process_memory() -> dict[str, float]:
+    """What a CUDA process holds on its device outside the caching allocator's blocks, on a device no other
+    process uses, run before this process touched CUDA: ``context_bytes`` once CUDA is up (total minus
+    free: the context and the driver's own); ``cublas_bytes`` more after a first bf16 matmul (cuBLAS's
+    handle; its workspace, if the allocator holds it, is in ``reserved_bytes``); ``nccl_bytes`` more after a
+    one-rank NCCL group's first all-reduce (a lower bound for a communicator of several ranks, whose
+    buffers grow with its peers and channels)."""
+    import torch
+    import torch.distributed as dist
+
+    device = torch.device("cuda", 0)
+    torch.cuda.set_device(device)
+    torch.cuda.init()
+    free, total = torch.cuda.mem_get_info(device)
+    out = {"total_bytes": float(total), "context_bytes": float(total - free)}
+
+    def outside_allocator() -> float:
+        torch.cuda.synchronize(device)
+        return float(total - torch.cuda.mem_get_info(device)[0] - torch.cuda.memory_reserved(device))
+
+    a = torch.ones(1024, 1024, device=device, dtype=torch.bfloat16)
+    (a @ a).sum().item()
+    out["cublas_bytes"] = outside_allocator() - out["context_bytes"]
+    out["reserved_bytes"] = float(torch.cuda.memory_reserved(device))
+    with _world_of_one("cuda"):
+        dist.all_reduce(a)
+        out["nccl_bytes"] = outside_allocator() - out["context_bytes"] - out["cublas_bytes"]
+    return out
+
+
+def measure_overheads(
+    specs: dict[str, ModelSpec],
+    *,
+    device: str,
+    dtype: str = "auto",
+    paths: tuple[str, ...] = OVERHEAD_PATHS,
+    repeats: int = 3,
+    progress: bool = True,
+) -> dict[str, dict[str, Any]]:
+    """``Profile.overheads`` of each named model on ``device``: the whole model (every layer, the LM head,
+    the loss) on the ``OVERHEAD_*`` micro-batch, per path: ``plain`` (realm's single replica: float32
+    weights under ``dtype`` autocast) and ``fsdp`` (FSDP2 over a one-rank group, ``dtype`` compute copies:
+    the path of data-parallel calls, which adds its per-parameter casts and copies)."""
+    import gc
+
+    import torch
+    from tqdm import tqdm
+
+    from models.parallelize import apply_fsdp
+
+    dtype = ("bfloat16" if device == "cuda" else "float32") if dtype == "auto" else dtype
+    compute = dtypes.torch_dtype(dtype)
+    out: dict[str, dict[str, Any]] = {}
+    jobs = [(name, spec, path) for name, spec in specs.items() for path in paths]
+    with _world_of_one(device) as mesh:
+        for name, spec, path in tqdm(jobs, desc="overheads", unit="model", disable=not progress):
+            model = whole_model(spec, device)
+            if path == "fsdp":
+                param_dtype = None if compute == torch.float32 else compute
+                model = apply_fsdp(model, mesh, param_dtype=param_dtype, reduce_dtype=torch.float32)
+            entry = out.setdefault(name, {"spec": {k: getattr(spec, k) for k in ModelSpec.__dataclass_fields__}})
+            entry.update(rows=OVERHEAD_ROWS, tokens=OVERHEAD_PROMPT + OVERHEAD_RESPONSE, dtype=dtype)
+            try:
+                entry[path] = _path_overheads(model, device, compute, path == "plain", repeats)
+            except Exception as e:  # noqa: BLE001 (one model's failure is recorded; the others are still measured)
+                entry[path] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                print(f"overheads of {name} ({path}) failed: {entry[path]['error']}", file=sys.stderr)
+            del model
+            gc.collect()
+            if device == "cuda":
+                torch.cuda.empty_cache()
     return out
 
 
@@ -479,6 +699,10 @@ def check(
     }
 
 
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m planning.profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="PROFILE.json to write")
@@ -486,6 +710,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, choices=["cpu", "cuda"], help="default: cuda when available")
     parser.add_argument("--check", action="store_true", help="also compare predicted and measured calls on gloo ranks")
     parser.add_argument("--check-jsonl", default=None, help="with --check: write its rows here, one JSON object a line")
+    parser.add_argument(
+        "--overheads", action="store_true", help="also measure each model's whole-model host floor (measure_overheads)"
+    )
+    parser.add_argument(
+        "--base",
+        default=None,
+        help="a profile of this device whose layer measurements to keep: only the overheads are measured",
+    )
     args = parser.parse_args(argv)
     import torch
 
@@ -493,7 +725,26 @@ def main(argv: list[str] | None = None) -> int:
     if device == "cpu":
         torch.set_num_threads(1)  # one thread per rank, as the gloo ranks of --check run
     specs = {m: named_spec(m) for m in args.models.split(",")}
-    profile = measure(specs, device=device, grid=CUDA_GRID if device == "cuda" else CPU_GRID)
+    process_memory: dict[str, float] = {}
+    if device == "cuda" and (args.overheads or args.base):
+        try:
+            process_memory = measure_process_memory()
+        except Exception as e:  # noqa: BLE001 (the overheads are still measured)
+            print(f"process memory not measured: {type(e).__name__}: {e}", file=sys.stderr)
+    if args.base:
+        profile = Profile.load(args.base)
+    else:
+        profile = measure(specs, device=device, grid=CUDA_GRID if device == "cuda" else CPU_GRID)
+    if args.overheads or args.base:
+        profile.process_memory.update(process_memory)
+        if process_memory:
+            print("  process memory, GiB: " + ", ".join(f"{k} {v / (1 << 30):.3f}" for k, v in process_memory.items()))
+        profile.overheads.update(measure_overheads(specs, device=device))
+        for name, o in profile.overheads.items():
+            said = ", ".join(
+                f"{p} " + " / ".join(_seconds(o[p].get(k)) for k in OVERHEAD_KINDS) for p in OVERHEAD_PATHS if p in o
+            )
+            print(f"  {name}: host floor s (forward / train / step) {said}")
     profile.save(args.out)
     print(f"wrote {args.out}: {len(profile.entries)} measurements on {profile.device}")
     if args.check:

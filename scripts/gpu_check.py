@@ -335,6 +335,17 @@ def run_checks(device: torch.device) -> tuple[int, int, int]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="run the checks on CPU over gloo (no GPU needed)")
+    parser.add_argument(
+        "--step-split",
+        action="store_true",
+        help="instead of the checks: where a policy step's time goes (scripts/gpu_step_split.py)",
+    )
+    parser.add_argument(
+        "--shape", default=None, help="--step-split's model shape (default: 1.5B on a GPU, tiny on CPU)"
+    )
+    parser.add_argument("--rows", default=None, help="--step-split's rows per step, comma-separated (default: 4,16)")
+    parser.add_argument("--prompt", type=int, default=512, help="--step-split's prompt tokens per row")
+    parser.add_argument("--response", type=int, default=512, help="--step-split's response tokens per row")
     args = parser.parse_args()
     if not args.cpu and not torch.cuda.is_available():
         print("FAIL cuda: torch.cuda.is_available() is False (use --cpu for the CPU run)")
@@ -349,6 +360,14 @@ def main() -> int:
             torch.cuda.set_device(device)
         dist.init_process_group(backend, init_method=f"file://{work}/pg_store", rank=0, world_size=1, **extra)
         p2p.barrier(None, device)  # on a GPU: common.p2p's NCCL barrier on this rank's device
+        if args.step_split:
+            import gpu_step_split
+
+            shape = args.shape or ("tiny" if args.cpu else "qwen2.5-math-1.5b")
+            rows = tuple(int(r) for r in (args.rows or "4,16").split(","))
+            status = gpu_step_split.run(device, shape, rows, args.prompt, args.response)
+            dist.destroy_process_group()
+            return status
         passed, failed, notes = run_checks(device)
         dist.destroy_process_group()
     print(

@@ -72,3 +72,53 @@ def test_a_failed_check_fails_the_run_and_the_others_still_report(capsys):
         "FAIL broken: ZeroDivisionError: division by zero",
         "NOTE absent: not here",
     ]
+
+
+def test_step_split_prints_each_part_the_profile_and_the_floor_on_cpu():
+    """``--step-split`` on CPU with the tiny model: a SPLIT line per path and row count with every part,
+    a PROFILE line per path, a FLOOR line per path (the GPU run's lines: docs/gpu_measure/step_split.log)."""
+    env = dict(os.environ, PYTHON=sys.executable)
+    args = ["--cpu", "--step-split", "--rows", "1,2", "--prompt", "4", "--response", "4"]
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    splits = [line for line in lines if line.startswith("SPLIT ")]
+    assert [line.split(":")[0] for line in splits] == [
+        f"SPLIT {path} rows={rows} tokens={rows * 8}" for path in ("plain", "fsdp") for rows in (1, 2)
+    ]
+    for part in ("forward", "backward", "clip", "optimizer", "zero_grad", "step"):
+        assert all(f" {part} " in line for line in splits), splits
+    assert [line.split(" rows")[0] for line in lines if line.startswith("PROFILE ")] == [
+        "PROFILE plain",
+        "PROFILE fsdp",
+    ]
+    floors = [line for line in lines if line.startswith("FLOOR ")]
+    assert [line.split(":")[0] for line in floors] == ["FLOOR plain", "FLOOR fsdp"]
+    assert all("forward" in line and "train" in line and "step" in line for line in floors), floors
+
+
+@pytest.mark.slow
+def test_gpu_measure_runs_every_step_on_cpu(tmp_path):
+    """``scripts/gpu_measure.sh OUT --cpu``: the one script a lent GPU runs, end to end on CPU with the tiny
+    model, so that it cannot fail on a typo there; its profile gains the tiny model's floor."""
+    from planning.profile import Profile
+
+    env = dict(os.environ, PYTHON=sys.executable)
+    proc = subprocess.run(
+        ["bash", "scripts/gpu_measure.sh", str(tmp_path), "--cpu"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert {p.name for p in tmp_path.iterdir()} == {
+        "gpu_check.log",
+        "step_split.log",
+        "overheads.log",
+        "cpu-2core.json",
+    }
+    assert "tiny" in Profile.load(tmp_path / "cpu-2core.json").overheads

@@ -209,3 +209,60 @@ def test_profile_keeps_the_machines_cores_and_call_overhead(tmp_path):
         None,
         0.0,
     )
+
+
+def _overheads_profile() -> Profile:
+    """A hand-made profile whose only whole-model floor is a 2-layer tiny model's."""
+    p = hand_profile()
+    fields = {k: getattr(TINY, k) for k in TINY.__dataclass_fields__}
+    p.overheads = {
+        "tiny": {
+            "spec": fields,
+            "rows": 1,
+            "tokens": 16,
+            "plain": {"forward": 0.01, "train": 0.04, "step": 0.02},
+            "fsdp": {"forward": 0.03, "train": 0.08, "step": None},
+        }
+    }
+    return p
+
+
+def test_whole_model_floor_scales_by_layers_worked_by_hand():
+    """The host floor grows with the kernels launched, so with layers, not with width: a 28-layer model of
+    tiny's layer shape pays 14 x the 2-layer floor; a path or kind not measured (or none at all) is 0."""
+    from dataclasses import replace
+
+    p = _overheads_profile()
+    assert p.overhead("train", TINY) == pytest.approx(0.04)
+    assert p.overhead("train", replace(TINY, num_layers=28)) == pytest.approx(0.04 * 14)
+    assert p.overhead("forward", TINY, fsdp=True) == pytest.approx(0.03)
+    assert p.overhead("step", TINY, fsdp=True) == 0.0  # measured as None (no room for Adam's state)
+    # Another layer shape: the nearest measured one, scaled by layers (here 32 / 2).
+    assert p.overhead("train", named_spec("llama-2-7b")) == pytest.approx(0.04 * 16)
+    assert hand_profile().overhead("train", TINY) == 0.0
+
+
+def test_overheads_and_process_memory_survive_a_save_and_old_profiles_load_without_them(tmp_path):
+    p = _overheads_profile()
+    p.process_memory = {"context_bytes": 5.5e8, "nccl_bytes": 5.9e8}
+    p.save(tmp_path / "p.json")
+    loaded = Profile.load(tmp_path / "p.json")
+    assert loaded.overheads == p.overheads and loaded.process_memory == p.process_memory
+    old = json.loads((tmp_path / "p.json").read_text())
+    del old["overheads"], old["process_memory"]
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    assert (Profile.load(tmp_path / "old.json").overheads, Profile.load(tmp_path / "old.json").process_memory) == (
+        {},
+        {},
+    )
+
+
+def test_measure_overheads_on_cpu_times_both_paths():
+    """The tiny model's whole-model floor on CPU, on realm's single-replica path and under FSDP2 (a
+    one-rank gloo group with a file rendezvous): every kind measured, each a positive time."""
+    from planning.profile import OVERHEAD_KINDS, measure_overheads
+
+    out = measure_overheads({"tiny": TINY}, device="cpu", repeats=1, progress=False)["tiny"]
+    assert (out["rows"], out["tokens"], out["dtype"]) == (1, 16, "float32")
+    for path in ("plain", "fsdp"):
+        assert all(out[path][kind] > 0 for kind in OVERHEAD_KINDS), out
