@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from common.cli import check_overrides, fail
 from trainer.compose import to_train_config
-from trainer.config import register_configs
+from trainer.config import MOVED_KEYS, register_configs
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 register_configs()
@@ -96,7 +96,7 @@ def dry_run(cfg, run_dir: Path, created: bool) -> None:
 def cli() -> None:
     """``python train.py`` and the ``realm-train`` command: the command line checked against the schema
     (one ``error:`` line for bad input, before Hydra creates a run directory), then the run."""
-    sys.argv[1:] = check_overrides(CONFIG_DIR, "train", sys.argv[1:], check=to_train_config)
+    sys.argv[1:] = check_overrides(CONFIG_DIR, "train", sys.argv[1:], check=to_train_config, moved=MOVED_KEYS)
     main()
 
 

@@ -17,7 +17,7 @@ import argparse
 import difflib
 import itertools
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -158,11 +158,16 @@ def _product_size(choices: list[list[str]]) -> int:
 
 
 def check_overrides(
-    config_dir: Path, config_name: str, argv: Sequence[str], check: Callable[[DictConfig], Any]
+    config_dir: Path,
+    config_name: str,
+    argv: Sequence[str],
+    check: Callable[[DictConfig], Any],
+    moved: Mapping[str, str] | None = None,
 ) -> list[str]:
     """Compose the config ``argv`` asks for and run ``check`` on it (on every job of a ``-m`` sweep);
     any failure is ``fail``'s one line. Returns ``argv``, with ``+`` added to a ``GROUP=OPTION`` whose
     group the defaults list leaves out (``reward=prm`` -> ``+reward=prm``): the form Hydra accepts.
+    ``moved``: old key -> its new name, said when an override uses the old one.
 
     Help and information flags (``--help``, ``--info``, ...) are left to Hydra.
     """
@@ -183,7 +188,7 @@ def check_overrides(
                     group = _group_without_default(e, config_dir)
                     if group is None:
                         keys = dotted_keys(compose(config_name=config_name))  # the names a typo may mean
-                        fail(hydra_error_line(e, job, keys, config_dir))
+                        fail(hydra_error_line(e, job, keys, config_dir, moved or {}))
                     job = [f"+{o}" if o.startswith(f"{group}=") else o for o in job]
                     argv = [f"+{a}" if a.startswith(f"{group}=") else a for a in argv]
             try:
@@ -203,8 +208,15 @@ def _group_without_default(error: Exception, config_dir: Path) -> str | None:
     return group if (config_dir / group).is_dir() else None
 
 
-def hydra_error_line(error: Exception, overrides: Sequence[str], keys: Sequence[str], config_dir: Path) -> str:
-    """One line for a Hydra composition error: the override at fault, what is wrong, close matches."""
+def hydra_error_line(
+    error: Exception,
+    overrides: Sequence[str],
+    keys: Sequence[str],
+    config_dir: Path,
+    moved: Mapping[str, str] | None = None,
+) -> str:
+    """One line for a Hydra composition error: the override at fault, what is wrong, close matches (or the
+    new name of a ``moved`` key)."""
     from hydra.errors import MissingConfigException, OverrideParseException
 
     cause = error.__cause__
@@ -222,6 +234,8 @@ def hydra_error_line(error: Exception, overrides: Sequence[str], keys: Sequence[
     if isinstance(error, OverrideParseException):
         return f"cannot parse the override {error.override!r}: {text.splitlines()[0]}"
     if full_key and type(cause).__name__ in ("ConfigAttributeError", "ConfigKeyError"):
+        if str(full_key) in (moved or {}):
+            return f"unknown config key {full_key} (now {(moved or {})[str(full_key)]})"
         return f"unknown config key {full_key}{did_you_mean(str(full_key), keys)}"
     if text.startswith("Could not append to config. An item is already at"):
         key = text.split("'")[1]

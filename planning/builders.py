@@ -23,6 +23,9 @@ The ReaL paper's baselines, which the search and ``bench/plan_search.py`` compar
   (a, c = actor / critic size) and critic training on the rest, each dp 2 x pp (its nodes) x tp 4;
   reward inference on the first ``ceil(nodes / 2)`` nodes and critic inference on the rest, dp 2 x
   pp x tp 4.
+  A critic-free algorithm (no critic calls; ReaL's rule has none) gives actor training and reward inference
+  every GPU, with the actor-training and reward tp above on one node and dp 2 x pp (nodes) x tp 4 on several,
+  and drops reference inference without a KL term.
   Adaptations, because realm's plan format and runtime need them: ReaL asserts 8 GPUs per node
   (here 8 becomes ``gpus_per_node`` and 4 becomes ``min(4, gpus_per_node)``); ReaL allows
   pipeline stages of unequal depth, realm needs pp to divide the layers, so pp drops to the
@@ -45,7 +48,7 @@ from dataclasses import replace
 from planning.candidates import MICROBATCHES, seconds, strategies
 from planning.config import ClusterConfig
 from planning.estimator import Hardware, PlanCost, Workload, _estimate, evaluator
-from planning.execution_plan import CALL_KIND, CALL_MODEL, CALLS, TRAIN, CallAllocation, ExecutionPlan, PlanError
+from planning.execution_plan import CALL_KIND, CALL_MODEL, TRAIN, CallAllocation, ExecutionPlan, PlanError, graph_calls
 from planning.shapes import size_in_billions
 from reallocation.layout import ModelSpec
 
@@ -88,11 +91,15 @@ def real_heuristic_plan(w: Workload, hw: Hardware) -> ExecutionPlan:
     n, g = hw.num_nodes, hw.gpus_per_node
     every = tuple(range(n * g))
     tp4 = min(4, g)
-    calls = {
-        "actor_gen": _adapt("actor_gen", every, max(2, n), 1, w, hw),
-        "ref_inf": _adapt("ref_inf", every, n, tp4, w, hw),
-    }
-    if n == 1:
+    calls = {"actor_gen": _adapt("actor_gen", every, max(2, n), 1, w, hw)}
+    if w.reference:
+        calls["ref_inf"] = _adapt("ref_inf", every, n, tp4, w, hw)
+    if w.critic is None:  # a critic-free algorithm: actor training takes the critic's half too
+        train_tp = min(2, g) if size_in_billions(w.actor) <= 7.5 else tp4
+        calls["actor_train"] = _adapt("actor_train", every, n, train_tp if n == 1 else tp4, w, hw)
+        if w.reward is not None:
+            calls["rew_inf"] = _adapt("rew_inf", every, n, min(2, g) if n == 1 else tp4, w, hw)
+    elif n == 1:
         first, second = tuple(range(g // 2 or 1)), tuple(range(g // 2, g)) or (0,)
         for call, spec, devices in (("actor_train", w.actor, first), ("critic_train", w.critic, second)):
             calls[call] = _adapt(call, devices, 1, min(2, g) if size_in_billions(spec) <= 7.5 else tp4, w, hw)
@@ -182,7 +189,7 @@ def _group_sizes(num_gpus: int, num_groups: int) -> list[tuple[int, ...]]:
 
 def openrlhf_disjoint_plan(w: Workload, hw: Hardware) -> ExecutionPlan:
     """OpenRLHF style: one GPU group per model role (generation apart from actor training)."""
-    groups = [g for g in GROUPS if g != "reward" or w.reward is not None]
+    groups = [g for g in GROUPS if all(c in w.calls for c in GROUP_CALLS[g])]
     plans = []
     for sizes in _group_sizes(hw.num_gpus, len(groups)):
         # Largest groups first keeps every group aligned (powers of two, sorted descending).
@@ -252,11 +259,13 @@ def realm_heuristic_plan(
     One node: every call on every device. Two or more: generation still on every device, but the
     actor's side (actor training, reference) on the first half of the nodes and the critic's side
     (critic inference and training, reward model) on the rest, so that the two sides run at the
-    same time and no FSDP group pays the inter-node link.
+    same time and no FSDP group pays the inter-node link. A critic-free algorithm has no critic's side to
+    run beside actor training: every call on every device. Calls of the algorithm's graph only
+    (``graph_calls``: ``specs`` has the models it has).
     """
     n, gpu, per_node = cluster.num_devices, cluster.uses_gpus, cluster.devices_per_node
     everything = tuple(range(n))
-    if cluster.num_nodes >= 2:
+    if cluster.num_nodes >= 2 and "critic" in specs:
         split = (cluster.num_nodes + 1) // 2 * per_node
         actor_side, critic_side = everything[:split], everything[split:]
     else:
@@ -286,7 +295,7 @@ def realm_heuristic_plan(
             offload=call in ("ref_inf", "rew_inf") and gpu,
         )
 
-    calls: dict[str, CallAllocation] = {c: allocation(c, specs[CALL_MODEL[c]]) for c in CALLS if CALL_MODEL[c] in specs}
+    calls: dict[str, CallAllocation] = {c: allocation(c, specs[CALL_MODEL[c]]) for c in graph_calls(specs)}
     return ExecutionPlan(cluster.num_nodes, per_node, calls, source="heuristic")
 
 
@@ -322,12 +331,15 @@ def fit_microbatches(plan: ExecutionPlan, w: Workload, hw: Hardware) -> Executio
 
 
 def realm_disjoint_plan(cluster: ClusterConfig, specs: dict[str, ModelSpec]) -> ExecutionPlan:
-    """Each role on its own devices, as the trainer placed them before plans: generation, actor
-    training, critic (inference + training), reference, reward model. Equal shares, the rest to
+    """Each role on its own devices: generation, actor training, critic (inference + training), reference,
+    reward model (those the algorithm's graph has). Equal shares, the rest to
     generation; raises PlanError when the cluster has fewer devices than roles."""
-    roles = [("actor_gen",), ("actor_train",), ("critic_inf", "critic_train"), ("ref_inf",)]
-    if "reward" in specs:
-        roles.append(("rew_inf",))
+    present = graph_calls(specs)
+    roles = [
+        role
+        for role in [("actor_gen",), ("actor_train",), ("critic_inf", "critic_train"), ("ref_inf",), ("rew_inf",)]
+        if role[0] in present
+    ]
     n = cluster.num_devices
     if n < len(roles):
         raise PlanError(

@@ -55,7 +55,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from planning.execution_plan import CALL_KIND, CALL_MODEL, GENERATE, INFERENCE, TRAIN, CallAllocation, ExecutionPlan
+from planning.execution_plan import (
+    CALL_KIND,
+    CALL_MODEL,
+    GENERATE,
+    INFERENCE,
+    TRAIN,
+    CallAllocation,
+    ExecutionPlan,
+    graph_calls,
+)
 from planning.schedule import CALL_ORDER, list_schedule
 from reallocation.layout import ROW, ModelSpec
 
@@ -171,14 +180,16 @@ class LayoutLimits:
 
 @dataclass(frozen=True)
 class Workload:
-    """One PPO iteration: ``batch`` prompts of up to ``prompt_len`` tokens, ``gen_len`` generated each.
-    The reference model has the actor's shape; ``reward`` is None for a rule-based reward.
+    """One iteration: ``batch`` prompts of up to ``prompt_len`` tokens, ``gen_len`` generated each.
+    The reference model has the actor's shape; ``reward`` is None for a rule-based reward; ``critic`` None for a
+    critic-free algorithm and ``reference`` False for one without a KL term (their calls are then not in the
+    iteration's dataflow graph, ``calls``).
 
     Memory is priced at ``prompt_len`` (a prompt may be that long); time at ``computed_prompt_len``,
     the prompt tokens the calls compute on."""
 
     actor: ModelSpec
-    critic: ModelSpec
+    critic: ModelSpec | None
     reward: ModelSpec | None
     batch: int
     prompt_len: int
@@ -200,6 +211,8 @@ class Workload:
     """The longest prompt the run actually has, when known (its rendered training prompts): the runtime
     trims each micro-batch's padding to its longest row, so calls compute on this many prompt tokens,
     not ``prompt_len``. None: ``prompt_len``."""
+    reference: bool = True
+    """The algorithm has a KL term: a reference model and its ref_inf call."""
 
     @property
     def seq_len(self) -> int:
@@ -225,18 +238,21 @@ class Workload:
 
     @property
     def calls(self) -> tuple[str, ...]:
-        return tuple(c for c in CALL_MODEL if c != "rew_inf" or self.reward is not None)
+        """The calls of the iteration's dataflow graph (``planning.execution_plan.graph_calls``)."""
+        return graph_calls(self.specs())
 
     def spec(self, call: str) -> ModelSpec:
-        model = CALL_MODEL[call]
-        if model == "reward":
-            if self.reward is None:
-                raise ValueError("rew_inf needs a reward model shape")
-            return self.reward
-        return self.critic if model == "critic" else self.actor
+        specs = self.specs()
+        if CALL_MODEL[call] not in specs:
+            raise ValueError(f"{call} is not in this workload's dataflow graph (no {CALL_MODEL[call]} model)")
+        return specs[CALL_MODEL[call]]
 
     def specs(self) -> dict[str, ModelSpec]:
-        out = {"actor": self.actor, "critic": self.critic, "ref": self.actor}
+        out = {"actor": self.actor}
+        if self.critic is not None:
+            out["critic"] = self.critic
+        if self.reference:
+            out["ref"] = self.actor
         if self.reward is not None:
             out["reward"] = self.reward
         return out
@@ -829,7 +845,7 @@ class Evaluator:
         key = (model, a.devices, a.pp, a.dp, a.tp, train.devices, train.pp, train.dp, train.tp)
         out = self._moves.get(key)
         if out is None:
-            spec, kind = (self.w.actor, GENERATE) if model == "actor" else (self.w.critic, INFERENCE)
+            spec, kind = (self.w.actor, GENERATE) if model == "actor" else (self.w.spec("critic_inf"), INFERENCE)
             out = self._moves[key] = realloc_seconds(spec, train, TRAIN, a, kind, self.hw, self.w.value_bytes)
         return out
 
@@ -847,7 +863,9 @@ class Evaluator:
         if self.w.old_logprobs_pass:
             out["actor_inf"] = self.training_forward("actor_train", allocs["actor_train"])
         out["realloc_actor"] = self.move("actor", allocs["actor_train"], allocs["actor_gen"]) if with_moves else 0.0
-        if critic_inference_on_training_shards(allocs["critic_inf"], allocs["critic_train"]):
+        if "critic_train" not in allocs:  # a critic-free algorithm: no critic calls, no critic to move
+            pass
+        elif critic_inference_on_training_shards(allocs["critic_inf"], allocs["critic_train"]):
             out["critic_inf"] = self.training_forward("critic_inf", allocs["critic_inf"])
         else:
             out["realloc_critic"] = (

@@ -75,6 +75,17 @@ CALL_KIND = {
     "critic_train": TRAIN,
 }
 OFFLOADABLE = ("rew_inf", "ref_inf")  # frozen models: nothing to keep resident between calls
+
+
+def graph_calls(models: Mapping[str, Any]) -> tuple[str, ...]:
+    """The calls of one iteration's dataflow graph, in plan order, given the models the algorithm has (model
+    name -> anything: shapes, directories): generation and actor training always; critic inference and
+    training with a "critic" (PPO; a critic-free algorithm has none), reference inference with a "ref" (a KL
+    term), reward inference with a "reward" model (the success reward alone needs no device).
+    Worked example: {"actor", "ref"} -> (actor_gen, ref_inf, actor_train)."""
+    return tuple(c for c in CALLS if CALL_MODEL[c] == "actor" or CALL_MODEL[c] in models)
+
+
 VLLM_VOCAB_PAD = 64  # vLLM pads the vocabulary to a multiple of 64 before splitting it over TP
 
 
@@ -134,8 +145,9 @@ class ExecutionPlan:
     def validate(self, specs: Mapping[str, ModelSpec], *, where: str = "") -> None:
         """Check the plan against the models it runs; raise ``PlanError`` on the first problem.
 
-        ``specs`` maps model name ("actor", "critic", "ref", "reward") to its shape; "ref" falls
-        back to the actor's shape. ``rew_inf`` is required exactly when ``specs`` has "reward".
+        ``specs`` maps model name ("actor", "critic", "ref", "reward") to its shape; the plan allocates
+        exactly the calls of their dataflow graph (``graph_calls``: no critic calls for a critic-free algorithm,
+        no ref_inf without a KL term, no rew_inf without a reward model).
         """
         where = where or self.origin or "plan"
         if self.num_nodes < 1 or self.gpus_per_node < 1:
@@ -143,18 +155,20 @@ class ExecutionPlan:
         unknown = [c for c in self.calls if c not in CALLS]
         if unknown:
             raise PlanError(f"{where}: unknown call(s) {unknown} under calls; known: {list(CALLS)}")
-        required = [c for c in CALLS if c != "rew_inf" or "reward" in specs]
+        required = graph_calls(specs)
         missing = [c for c in required if c not in self.calls]
         if missing:
             raise PlanError(f"{where}: calls.{missing[0]} is missing (every call needs an allocation)")
-        if "rew_inf" in self.calls and "reward" not in specs:
-            raise PlanError(f"{where}: calls.rew_inf is given but the reward has no reward model")
-        for name in CALLS:
-            if name in self.calls:
-                spec = specs.get(CALL_MODEL[name]) or (specs.get("actor") if name == "ref_inf" else None)
-                if spec is None:
-                    raise PlanError(f"{where}: no model shape for {CALL_MODEL[name]!r} (calls.{name})")
-                self._validate_call(name, self.calls[name], spec, f"{where}: calls.{name}")
+        extra = [c for c in self.calls if c not in required]
+        if extra:
+            why = {
+                "critic": "the algorithm has no critic",
+                "ref": "the algorithm has no KL term (algorithm.kl_coef=0)",
+                "reward": "the reward has no reward model",
+            }[CALL_MODEL[extra[0]]]
+            raise PlanError(f"{where}: calls.{extra[0]} is given but {why}; remove it")
+        for name in required:
+            self._validate_call(name, self.calls[name], specs[CALL_MODEL[name]], f"{where}: calls.{name}")
 
     def _validate_call(self, name: str, alloc: CallAllocation, spec: ModelSpec, at: str) -> None:
         for knob in _INT_KNOBS:

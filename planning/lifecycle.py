@@ -188,6 +188,9 @@ def _engine(calls: Mapping[str, CallAllocation], x: Inputs) -> list[Holding]:
 
 
 def _shares_critic_layout(calls: Mapping[str, CallAllocation]) -> bool:
+    """Critic inference runs on critic training's shards (true, too, when there is no critic to place)."""
+    if Call.critic_train not in calls:
+        return True
     inf, train = calls[Call.critic_inf], calls[Call.critic_train]
     return (sorted(inf.devices), inf.pp, inf.dp, inf.tp) == (sorted(train.devices), train.pp, train.dp, train.tp)
 
@@ -229,8 +232,10 @@ def _transfers(calls: Mapping[str, CallAllocation]) -> list[Holding]:
 def holdings(calls: Mapping[str, CallAllocation], x: Inputs) -> list[Holding]:
     """Everything a plan's devices hold over one iteration (the module docstring's rules)."""
     out = _trained("actor", Call.actor_train, calls[Call.actor_train], x.specs["actor"])
-    out += _trained("critic", Call.critic_train, calls[Call.critic_train], x.specs["critic"])
-    out.append(_frozen("ref", Call.ref_inf, calls[Call.ref_inf], x.specs["ref"], x))
+    if Call.critic_train in calls:  # the algorithm's graph has a critic
+        out += _trained("critic", Call.critic_train, calls[Call.critic_train], x.specs["critic"])
+    if Call.ref_inf in calls:  # and a KL term
+        out.append(_frozen("ref", Call.ref_inf, calls[Call.ref_inf], x.specs["ref"], x))
     if Call.rew_inf in calls:
         out.append(_frozen("reward", Call.rew_inf, calls[Call.rew_inf], x.specs["reward"], x))
     if not _shares_critic_layout(calls):

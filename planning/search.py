@@ -368,12 +368,32 @@ def model_shape(name: str) -> ModelSpec:
         ) from None
 
 
+ALGORITHM_CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs" / "algorithm"
+
+
+def algorithm_graph(name: str) -> tuple[bool, bool]:
+    """(has a critic, has a reference model) of ``configs/algorithm/NAME.yaml``: a critic unless its estimator
+    is a critic-free one, a reference unless its ``kl_coef`` is 0 (keys it leaves out are PPO's: a critic and
+    a KL term)."""
+    import yaml
+
+    keys = yaml.safe_load((ALGORITHM_CONFIG_DIR / f"{name}.yaml").read_text()) or {}
+    return keys.get("estimator", "gae") == "gae", keys.get("kl_coef", 1) != 0
+
+
 def _parser() -> ArgumentParser:
     parser = ArgumentParser(
         prog="python -m planning.search", description=__doc__.split("\n\n")[0], renamed=RENAMED_OPTIONS
     )
     models = "a configs/model/ name (as train.py's model=), a named shape (llama-2-7b .. -70b) or an HF model dir"
     parser.add_argument("--actor", required=True, help=models)
+    parser.add_argument(
+        "--algorithm",
+        default="ppo",
+        choices=sorted(p.stem for p in ALGORITHM_CONFIG_DIR.glob("*.yaml")),
+        help="train.py's algorithm= (configs/algorithm/): its dataflow graph (a critic-free one has no critic "
+        "calls; one with algorithm.kl_coef 0 no ref_inf)",
+    )
     parser.add_argument("--critic", default=None, help="the critic's model (default: the actor's, critic.from_policy)")
     parser.add_argument("--reward", default=None, help="the reward model; omit for the success reward")
     parser.add_argument("--num-nodes", type=positive(int), required=True, help="cluster.num_nodes")
@@ -398,13 +418,15 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         actor = model_shape(args.actor)
+        has_critic, has_reference = algorithm_graph(args.algorithm)
         w = Workload(
             actor,
-            model_shape(args.critic) if args.critic else actor,
+            (model_shape(args.critic) if args.critic else actor) if has_critic else None,
             model_shape(args.reward) if args.reward else None,
             args.num_prompts * args.samples_per_prompt,
             args.max_prompt_tokens,
             args.max_new_tokens,
+            reference=has_reference,
         )
         profile = None
         if args.profile:

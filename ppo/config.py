@@ -1,6 +1,7 @@
-"""The optimisation settings of training: PPO (epochs, clipping, GAE, KL penalty, learning rates) and the
-SFT warm-up. Plain dataclasses, part of the run's typed config (``trainer.config.TrainConfig``), read by
-the math in this package and by the device processes that run the updates."""
+"""The optimisation settings of training: the algorithm (advantage estimator, KL term), the policy update
+(epochs, clipping, learning rates) and the SFT warm-up. Plain dataclasses, part of the run's typed config
+(``trainer.config.TrainConfig``), read by the math in this package and by the device processes that run the
+updates."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from common.schedule import LRSchedule
+from ppo.critic_free import Estimator
 
 
 class KLController(Enum):
@@ -25,8 +27,98 @@ class ValueClip(Enum):
     """Clipped, with a range of value_clip_eps times the iteration's return standard deviation."""
 
 
+class KLPlacement(Enum):
+    reward = "reward"
+    """-beta * KL_t on every token's reward (PPO, RLOO, REINFORCE++)."""
+    loss = "loss"
+    """+beta * KL in the policy loss, aggregated like it (GRPO)."""
+
+
+class KLEstimator(Enum):
+    """Per-token estimates of KL(pi || pi_ref) from x = log pi(a) - log pi_ref(a), a ~ pi (Schulman, "Approximating
+    KL divergence", 2020)."""
+
+    k1 = "k1"
+    """x: unbiased, can be negative per token; its gradient as a loss term is 0 in expectation (use in the reward)."""
+    k2 = "k2"
+    """x^2 / 2: biased, >= 0."""
+    k3 = "k3"
+    """exp(-x) - 1 + x: unbiased, >= 0, low variance (GRPO's loss term)."""
+
+
+class LossAgg(Enum):
+    """How the per-token policy losses of a minibatch become one number (verl's ``loss_agg_mode``)."""
+
+    token_mean = "token_mean"
+    """Sum over the minibatch's tokens / its number of tokens (PPO; DAPO)."""
+    seq_mean_token_mean = "seq_mean_token_mean"
+    """The mean over responses of each response's token mean (GRPO as published): short responses weigh more
+    per token."""
+    seq_mean_token_sum_norm = "seq_mean_token_sum_norm"
+    """Sum over tokens / (responses x a constant, ``algorithm.loss_agg_num_tokens``) (Dr. GRPO): no length
+    normalisation per response."""
+
+
+@dataclass
+class AlgorithmConfig:
+    """The RL algorithm: how advantages are estimated and where the KL term goes. The schema's defaults are PPO
+    with a critic (``configs/algorithm/ppo.yaml`` adds nothing); ``configs/algorithm/`` has the critic-free
+    ones (grpo, dr_grpo, rloo, reinforce_pp), each a set of these keys. The update itself (epochs, minibatches,
+    clipping, learning rates) is ``ppo`` for every algorithm: all use the PPO-clip surrogate."""
+
+    name: str = "ppo"
+    """What runs and reports call it (the ``algorithm=`` option that set the keys below)."""
+    estimator: Estimator = Estimator.gae
+    """gae (a critic's values; the only one that trains a critic), grpo, rloo or reinforce_pp (ppo.critic_free)."""
+    group_std: bool = True
+    """grpo only: divide by the group's std of totals (false: Dr. GRPO)."""
+    gamma: float = 1.0
+    """Discount over tokens: GAE's, and the critic-free rewards-to-go's."""
+    lam: float = 1.0
+    """GAE's lambda (gae only)."""
+    whiten_advantages: bool = True
+    """gae only: whiten the advantages over the batch."""
+    kl_coef: float = 0.01
+    """beta. 0 turns the reference model off: no ref_inf call, no reference weights placed."""
+    kl_in: KLPlacement = KLPlacement.reward
+    kl_estimator: KLEstimator = KLEstimator.k1
+    kl_controller: KLController = KLController.fixed
+    """adaptive needs kl_in=reward (it steers the reward's beta)."""
+    kl_target: float = 0.1
+    kl_horizon: int = 10000
+    loss_agg: LossAgg = LossAgg.token_mean
+    loss_agg_num_tokens: int = 0
+    """seq_mean_token_sum_norm's constant; 0: rollout.max_new_tokens."""
+
+    @property
+    def has_critic(self) -> bool:
+        return self.estimator == Estimator.gae
+
+    @property
+    def has_reference(self) -> bool:
+        return self.kl_coef != 0.0
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"algorithm.gamma={self.gamma}, algorithm.lam={self.lam}: both must lie in [0, 1]")
+        if self.kl_coef < 0:
+            raise ValueError(f"algorithm.kl_coef={self.kl_coef}: must be >= 0")
+        if self.kl_controller == KLController.adaptive and self.kl_in != KLPlacement.reward:
+            raise ValueError(
+                "algorithm.kl_controller=adaptive steers the reward's beta: it needs algorithm.kl_in=reward "
+                f"(got {self.kl_in.value})"
+            )
+        if self.loss_agg_num_tokens < 0:
+            raise ValueError(f"algorithm.loss_agg_num_tokens={self.loss_agg_num_tokens}: must be >= 0")
+        if self.estimator == Estimator.gae and self.kl_in == KLPlacement.loss:
+            raise ValueError("algorithm.estimator=gae puts the KL term in the reward its critic learns: kl_in=reward")
+
+
 @dataclass
 class PPOConfig:
+    """The policy update every algorithm runs (the PPO-clip surrogate over epochs x minibatches), and the
+    critic's when the algorithm has one."""
+
     num_epochs: int = 2
     """Passes over each iteration's rollouts."""
     num_minibatches: int = 4
@@ -37,14 +129,6 @@ class PPOConfig:
     critics (docs/rewards.md, "The critic's value loss"; docs/mini_repro.md: explained variance per option)."""
     value_clip_eps: float = 0.2
     """The value-clip range when value_clip is raw or return_std (ppo.losses.value_clip_range)."""
-    gamma: float = 1.0
-    lam: float = 1.0
-    kl_coef: float = 0.01
-    """beta: every response token gets -beta * (log pi - log pi_ref)."""
-    kl_controller: KLController = KLController.fixed
-    kl_target: float = 0.1
-    kl_horizon: int = 10000
-    whiten_advantages: bool = True
     entropy_coef: float = 0.0
     max_grad_norm: float = 1.0
     actor_lr: float = 1e-4
@@ -54,8 +138,6 @@ class PPOConfig:
     weight_decay: float = 0.0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.gamma <= 1.0 or not 0.0 <= self.lam <= 1.0:
-            raise ValueError(f"ppo.gamma={self.gamma}, ppo.lam={self.lam}: both must lie in [0, 1]")
         if self.num_epochs < 1 or self.num_minibatches < 1:
             raise ValueError("ppo.num_epochs and ppo.num_minibatches must be >= 1")
         if not self.clip_eps > 0 or not self.value_clip_eps > 0:

@@ -1,6 +1,6 @@
-"""KL coefficient controllers: beta in r_t = score_t - beta * (log pi - log pi_ref).
+"""The KL term: per-token estimators of KL(pi || pi_ref), and the controllers of its coefficient beta.
 
-Both have the same two methods (``update`` after each iteration, ``value`` to read beta) and a
+The controllers have the same two methods (``update`` after each iteration, ``value`` to read beta) and a
 state dict for checkpoints, so the loop never asks which one it holds.
 """
 
@@ -8,7 +8,27 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ppo.config import KLController, PPOConfig
+import torch
+from torch import Tensor
+
+from ppo.config import AlgorithmConfig, KLController, KLEstimator
+
+
+def kl_estimate(logprobs_BT: Tensor, ref_logprobs_BT: Tensor, mask_BT: Tensor, estimator: KLEstimator) -> Tensor:
+    """Per-token estimate of KL(pi || pi_ref) at the sampled tokens, [B, T] -> [B, T], 0 on padding.
+
+    With x = log pi - log pi_ref:  k1 = x,  k2 = x^2 / 2,  k3 = exp(-x) - 1 + x (computed as expm1(-x) + x, exact
+    near x = 0). Differentiable in ``logprobs_BT`` (the KL loss term). Worked example: x = log 2 -> k1 = 0.6931,
+    k2 = 0.2402, k3 = 0.5 - 1 + 0.6931 = 0.1931.
+    """
+    x = logprobs_BT - ref_logprobs_BT
+    if estimator == KLEstimator.k1:
+        kl = x
+    elif estimator == KLEstimator.k2:
+        kl = 0.5 * x * x
+    else:
+        kl = torch.expm1(-x) + x
+    return kl * mask_BT
 
 
 class KLControl(Protocol):
@@ -66,7 +86,7 @@ class AdaptiveKLController:
         self.value = float(state["value"])
 
 
-def make_kl_controller(cfg: PPOConfig) -> FixedKLController | AdaptiveKLController:
+def make_kl_controller(cfg: AlgorithmConfig) -> FixedKLController | AdaptiveKLController:
     match cfg.kl_controller:
         case KLController.fixed:
             return FixedKLController(cfg.kl_coef)

@@ -1,12 +1,14 @@
-"""PPO losses and the per-token quantities they need: pure functions over [B, T] tensors.
+"""Policy and value losses and the per-token quantities they need: pure functions over [B, T] tensors.
 
-Aggregation is a token mean: sum over real tokens / ``num_tokens``. ``num_tokens`` defaults to the
-tokens in ``mask_BT``; a data-parallel rank that holds a slice of a minibatch passes the token count
-of the *whole* minibatch, so that summing (or, times world size, averaging) the per-rank losses
-gives exactly the full-minibatch loss. Stats use the same denominator and sum across ranks too.
+The policy loss of a minibatch is its per-token losses aggregated as ``algorithm.loss_agg`` says
+(``aggregate``): a token mean (PPO), a mean over responses of their token means (GRPO) or a token sum over
+responses x a constant (Dr. GRPO). The denominators are those of the *whole* minibatch (``Denominators``): a
+data-parallel rank that holds a slice of it passes the minibatch's token and response counts, so that summing
+(or, times world size, averaging) the per-rank losses gives exactly the full-minibatch loss. Stats are token
+means with the same token count and sum across ranks too.
 
 References: Schulman et al. 2017 (PPO-clip), cleanrl ``ppo.py`` (policy/value loss, approx_kl,
-clipfrac), torchtune ``rlhf/loss/ppo.py``.
+clipfrac), torchtune ``rlhf/loss/ppo.py``, verl ``core_algos.agg_loss`` (the aggregation modes).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ppo.advantages import masked_sum
+from ppo.config import LossAgg
 
 
 def logprobs_from_logits(logits_BTV: Tensor, tokens_BT: Tensor, temperature: float = 1.0) -> Tensor:
@@ -188,6 +191,41 @@ def _token_mean(x_BT: Tensor, mask_BT: Tensor, num_tokens: Tensor | float | None
     return masked_sum(x_BT, mask_BT) / max(num_tokens, 1.0)
 
 
+class Denominators(NamedTuple):
+    """The counts of one whole minibatch (all data-parallel ranks) that its losses divide by."""
+
+    num_tokens: Tensor
+    """Real response tokens."""
+    num_responses: Tensor
+    """Responses (rows with at least one real token)."""
+    norm_tokens: float = 1.0
+    """seq_mean_token_sum_norm's constant (Dr. GRPO: the generation budget)."""
+
+
+def aggregate(loss_BT: Tensor, mask_BT: Tensor, agg: LossAgg, den: Denominators) -> Tensor:
+    """One minibatch's (or this rank's share of its) loss from per-token losses, as ``agg`` says.
+
+        token_mean:               sum_bt l_bt / num_tokens
+        seq_mean_token_mean:      sum_b (sum_t l_bt / T_b) / num_responses        (T_b: b's real tokens)
+        seq_mean_token_sum_norm:  sum_bt l_bt / (num_responses * norm_tokens)
+
+    Worked example: l = [[1, 1, 1, 1], [4, 0, 0, 0]] with mask [[1, 1, 1, 1], [1, 0, 0, 0]] (5 tokens, 2
+    responses, norm 4): token_mean 8 / 5 = 1.6; seq_mean_token_mean (1 + 4) / 2 = 2.5; token_sum_norm 8 / 8 = 1.
+    """
+    if agg == LossAgg.token_mean:
+        return _token_mean(loss_BT, mask_BT, den.num_tokens)
+    if agg == LossAgg.seq_mean_token_mean:
+        per_response = masked_sum(loss_BT, mask_BT, dim=1) / mask_BT.sum(1).clamp(min=1)
+        return _divide(per_response.sum(), den.num_responses)
+    if agg == LossAgg.seq_mean_token_sum_norm:
+        return _divide(masked_sum(loss_BT, mask_BT), den.num_responses) / den.norm_tokens
+    raise ValueError(f"unknown loss aggregation {agg!r}")
+
+
+def _divide(total: Tensor, count: Tensor | float) -> Tensor:
+    return total / count.clamp(min=1) if isinstance(count, Tensor) else total / max(count, 1.0)
+
+
 class PolicyLossStats(NamedTuple):
     """Scalar diagnostics of one policy-loss evaluation (token means, detached)."""
 
@@ -206,8 +244,10 @@ def policy_loss(
     mask_BT: Tensor,
     clip_eps: float,
     num_tokens: Tensor | float | None = None,
+    agg: LossAgg = LossAgg.token_mean,
+    den: Denominators | None = None,
 ) -> tuple[Tensor, PolicyLossStats]:
-    """PPO-clip:  L = mean_t max(-A_t * r_t, -A_t * clip(r_t, 1 - eps, 1 + eps)),  r_t = pi / pi_old.
+    """PPO-clip:  L = agg_t max(-A_t * r_t, -A_t * clip(r_t, 1 - eps, 1 + eps)),  r_t = pi / pi_old.
 
     Args:
         logprobs_BT: log pi(a_t|s_t) under the current parameters (with grad), [B, T].
@@ -215,7 +255,9 @@ def policy_loss(
         advantages_BT: [B, T].
         mask_BT: 1 on real response tokens, [B, T].
         clip_eps: eps.
-        num_tokens: denominator of the token mean (see the module docstring).
+        num_tokens: denominator of the token mean (see the module docstring); the stats' always.
+        agg, den: the loss's aggregation and its denominators (``aggregate``); None: a token mean over
+            ``num_tokens``.
 
     Returns:
         loss: scalar to minimize.
@@ -225,7 +267,11 @@ def policy_loss(
     ratio_BT = torch.exp(log_ratio_BT)
     pg_loss_unclipped_BT = -advantages_BT * ratio_BT
     pg_loss_clipped_BT = -advantages_BT * torch.clamp(ratio_BT, 1.0 - clip_eps, 1.0 + clip_eps)
-    loss = _token_mean(torch.max(pg_loss_unclipped_BT, pg_loss_clipped_BT), mask_BT, num_tokens)
+    pg_loss_BT = torch.max(pg_loss_unclipped_BT, pg_loss_clipped_BT)
+    if den is None:
+        loss = _token_mean(pg_loss_BT, mask_BT, num_tokens)
+    else:
+        loss = aggregate(pg_loss_BT, mask_BT, agg, den)
     with torch.no_grad():
         stats = PolicyLossStats(
             clip_frac=_token_mean((pg_loss_clipped_BT > pg_loss_unclipped_BT).float(), mask_BT, num_tokens),

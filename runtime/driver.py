@@ -87,38 +87,48 @@ class Scores:
     """rew_inf: success, learned reward and token rewards."""
     old_logprobs: torch.Tensor
     """actor_inf: log pi_old of each response token, from the training model."""
-    ref_logprobs: torch.Tensor
-    """ref_inf: log pi_ref of each response token."""
-    values: torch.Tensor
-    """critic_inf: V of each response position."""
+    ref_logprobs: torch.Tensor | None
+    """ref_inf: log pi_ref of each response token (None: the algorithm has no KL term, no ref_inf)."""
+    values: torch.Tensor | None
+    """critic_inf: V of each response position (None: the algorithm has no critic)."""
 
 
 @dataclass
 class Training:
-    """The two training calls of an iteration, in flight."""
+    """The training calls of an iteration, in flight (the critic's when the algorithm has one)."""
 
     actor: Task
-    critic: Task
+    critic: Task | None = None
 
 
 def _recipes(
     plan: ExecutionPlan, common: dict[str, Any], train: dict[str, Any], dirs: dict[str, Any], reward: dict[str, Any]
 ) -> dict[Role, tuple[type, dict[str, Any]]]:
-    """Role -> (worker class, constructor kwargs); ``DeviceProcess`` adds the ranks of its grid."""
+    """Role -> (worker class, constructor kwargs) for the roles the plan's calls have; ``DeviceProcess`` adds
+    the ranks of its grid."""
     from runtime.device.shards import CriticShard, PolicyShard, ReferenceShard
 
     calls, train = plan.calls, {**train, **common}
-    return {
-        Role.actor: (
+    present = {
+        Role.actor: True,
+        Role.critic: Call.critic_train in calls,
+        Role.critic_inf: Call.critic_train in calls,
+        Role.ref: Call.ref_inf in calls,
+        Role.reward: True,
+    }
+    recipes: dict[Role, Callable[[], tuple[type, dict[str, Any]]]] = {
+        Role.actor: lambda: (
             PolicyShard,
             dict(
                 model_dir=dirs["policy_dir"],
                 temperature=dirs["temperature"],
                 activation_checkpointing=calls["actor_train"].activation_checkpointing,
+                algorithm=dirs["algorithm"],
+                loss_norm_tokens=dirs["loss_norm_tokens"],
                 **train,
             ),
         ),
-        Role.critic: (
+        Role.critic: lambda: (
             CriticShard,
             dict(
                 model_dir=dirs["critic_dir"],
@@ -126,8 +136,8 @@ def _recipes(
                 **train,
             ),
         ),
-        Role.critic_inf: (CriticShard, dict(model_dir=dirs["critic_dir"], frozen=True, **train)),
-        Role.ref: (
+        Role.critic_inf: lambda: (CriticShard, dict(model_dir=dirs["critic_dir"], frozen=True, **train)),
+        Role.ref: lambda: (
             ReferenceShard,
             dict(
                 model_dir=dirs["policy_dir"],
@@ -136,7 +146,7 @@ def _recipes(
                 **common,
             ),
         ),
-        Role.reward: (
+        Role.reward: lambda: (
             RewardShard,
             {
                 **reward,
@@ -145,6 +155,7 @@ def _recipes(
             },
         ),
     }
+    return {role: make() for role, make in recipes.items() if present[role]}
 
 
 def engine_memory_kwargs(lifecycle: MemoryLifecycle, device: int, on_gpu: bool) -> dict[str, Any]:
@@ -245,6 +256,8 @@ class PlanRuntime:
         engine_kwargs: dict[str, Any],
         lifecycle: MemoryLifecycle,
         collective_timeout_s: float = 1800.0,
+        algorithm: Any = None,
+        loss_norm_tokens: int = 1,
     ) -> PlanRuntime:
         """Place one DeviceProcess per plan device (one placement group), build every model shard (in
         host memory, each putting only its own part on the device), then start the vLLM engines beside
@@ -261,7 +274,13 @@ class PlanRuntime:
             plan,
             dict(dtype=dtype, seed=seed),
             dict(ppo=ppo, num_iterations=num_iterations),
-            dict(policy_dir=policy_dir, critic_dir=critic_dir, temperature=temperature),
+            dict(
+                policy_dir=policy_dir,
+                critic_dir=critic_dir,
+                temperature=temperature,
+                algorithm=algorithm,
+                loss_norm_tokens=loss_norm_tokens,
+            ),
             {**reward_kwargs, "device": "cuda" if backend == "nccl" else "cpu", "dtype": dtype},
         )
         process = dict(devices=devices, backend=backend, dtype=dtype, collective_timeout_s=collective_timeout_s)
@@ -412,47 +431,31 @@ class PlanRuntime:
         return merged
 
     def infer(self, batch: Mapping[str, torch.Tensor], samples: list[Any]) -> Scores:
-        """rew_inf, actor_inf (the old logprobs on actor_train's layout), ref_inf and critic_inf, started
-        by readiness: calls on disjoint devices run side by side."""
+        """rew_inf, actor_inf (the old logprobs on actor_train's layout), and ref_inf and critic_inf where the
+        algorithm's graph has them, started by readiness: calls on disjoint devices run side by side."""
         self.prepare(Phase.infer)
         calls = self.plan.calls
-        mb = {
-            c: self._inference_microbatches(calls[c], batch) for c in (Call.actor_train, Call.ref_inf, Call.critic_inf)
-        }
-        critic = (
-            (Role.critic_inf, CriticShard.compute_values)
-            if critic_needs_realloc(self.plan)
-            else (Role.critic, CriticShard.compute_values)
-        )
-        reward, old, ref, values = self.run(
-            self._reward_task(samples),
-            self.task(
-                Call.actor_inf,
-                Role.actor,
-                PolicyShard.compute_logprobs,
-                calls[Call.actor_train],
-                batch,
-                mb[Call.actor_train],
-            ),
-            self.task(
-                Call.ref_inf,
-                Role.ref,
-                ReferenceShard.compute_logprobs,
-                calls[Call.ref_inf],
-                batch,
-                mb[Call.ref_inf],
-            ),
-            self.task(
-                Call.critic_inf,
-                critic[0],
-                critic[1],
-                calls[Call.critic_inf],
-                batch,
-                mb[Call.critic_inf],
-            ),
-        )
+        critic_role = Role.critic_inf if critic_needs_realloc(self.plan) else Role.critic
+        # (call name, role, shard method, allocation) of each model's inference in this plan
+        inference: list[tuple[str, Role, Callable[..., Any], CallAllocation | None]] = [
+            (Call.actor_inf, Role.actor, PolicyShard.compute_logprobs, calls[Call.actor_train]),
+            (Call.ref_inf, Role.ref, ReferenceShard.compute_logprobs, calls.get(Call.ref_inf)),
+            (Call.critic_inf, critic_role, CriticShard.compute_values, calls.get(Call.critic_inf)),
+        ]
+        tasks = [
+            self.task(call, role, method, alloc, batch, self._inference_microbatches(alloc, batch))
+            for call, role, method, alloc in inference
+            if alloc is not None
+        ]
+        reward, *results = self.run(self._reward_task(samples), *tasks)
+        by_call = {t.call: r for t, r in zip(tasks, results)}
         self._share_reward_calibration()
-        return Scores(reward=reward, old_logprobs=old, ref_logprobs=ref, values=values)
+        return Scores(
+            reward=reward,
+            old_logprobs=by_call[Call.actor_inf],
+            ref_logprobs=by_call.get(Call.ref_inf),
+            values=by_call.get(Call.critic_inf),
+        )
 
     @staticmethod
     def _inference_microbatches(alloc: CallAllocation, batch: Mapping[str, torch.Tensor]) -> int:
@@ -467,20 +470,26 @@ class PlanRuntime:
         return max(throughput_microbatches(part, alloc.num_microbatches) for part in parts)
 
     def start_training(self, batch: Mapping[str, torch.Tensor], iteration: int) -> Training:
-        """actor_train and critic_train, started by readiness (side by side on disjoint devices);
-        ``finish_training`` waits for them."""
+        """actor_train, and critic_train when the algorithm has a critic, started by readiness (side by side on
+        disjoint devices); ``finish_training`` waits for them."""
         self.prepare(Phase.train)
         calls = self.plan.calls
         actor = self.task(Call.actor_train, Role.actor, PolicyShard.update, calls[Call.actor_train], batch, iteration)
-        critic = self.task(
-            Call.critic_train, Role.critic, CriticShard.update, calls[Call.critic_train], batch, iteration
-        )
+        critic = None
+        if Call.critic_train in calls:
+            critic = self.task(
+                Call.critic_train, Role.critic, CriticShard.update, calls[Call.critic_train], batch, iteration
+            )
         for t in (actor, critic):
-            self.scheduler.add(t)
+            if t is not None:
+                self.scheduler.add(t)
         return Training(actor, critic)
 
     def finish_training(self, training: Training) -> tuple[dict[str, float], dict[str, float]]:
-        """(actor stats, critic stats) of ``start_training``'s calls."""
+        """(actor stats, critic stats: {} without a critic) of ``start_training``'s calls."""
+        if training.critic is None:
+            (actor,) = self.wait(training.actor)
+            return actor, {}
         actor, critic = self.wait(training.actor, training.critic)
         return actor, critic
 
@@ -591,7 +600,10 @@ class WeightSync:
         if critic_needs_realloc(rt.plan):
             tasks.append(
                 self._task(
-                    Role.critic, calls[Call.critic_train], calls[Call.critic_inf], (after.critic,) if after else ()
+                    Role.critic,
+                    calls[Call.critic_train],
+                    calls[Call.critic_inf],
+                    (after.critic,) if after and after.critic else (),
                 )
             )
         for t in tasks:

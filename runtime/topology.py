@@ -120,11 +120,11 @@ def model_grids(plan: ExecutionPlan) -> dict[Role, list[Grid | Pipeline]]:
     """Role -> the meshes its model instances are sharded over: one grid per training model (with
     pp > 1 its stages' grids), one pipeline per inference replica (pp stages, each one TP group)."""
     calls = plan.calls
-    grids: dict[Role, list[Grid | Pipeline]] = {
-        Role.actor: [training_mesh(calls[Call.actor_train])],
-        Role.critic: [training_mesh(calls[Call.critic_train])],
-        Role.ref: list(replicas(calls[Call.ref_inf])),
-    }
+    grids: dict[Role, list[Grid | Pipeline]] = {Role.actor: [training_mesh(calls[Call.actor_train])]}
+    if Call.critic_train in calls:  # the algorithm's dataflow graph has a critic
+        grids[Role.critic] = [training_mesh(calls[Call.critic_train])]
+    if Call.ref_inf in calls:  # and a KL term
+        grids[Role.ref] = list(replicas(calls[Call.ref_inf]))
     if critic_needs_realloc(plan):
         grids[Role.critic_inf] = list(replicas(calls[Call.critic_inf]))
     if Call.rew_inf in calls:
@@ -161,7 +161,9 @@ def mesh_groups(plan: ExecutionPlan) -> list[tuple[int, ...]]:
 
 def critic_needs_realloc(plan: ExecutionPlan) -> bool:
     """Critic inference runs on replicas of its own unless the plan gives it critic training's
-    devices and layout (then it is FSDP/TP forward on the training shards)."""
+    devices and layout (then it is FSDP/TP forward on the training shards); never without a critic."""
+    if Call.critic_train not in plan.calls:
+        return False
     inf, train = plan.calls[Call.critic_inf], plan.calls[Call.critic_train]
     return (sorted(inf.devices), inf.pp, inf.dp, inf.tp) != (sorted(train.devices), train.pp, train.dp, train.tp)
 
@@ -176,11 +178,11 @@ def roles_on(plan: ExecutionPlan, device: int) -> list[Role]:
     roles = []
     if device in calls[Call.actor_train].devices:
         roles.append(Role.actor)
-    if device in calls[Call.critic_train].devices:
+    if Call.critic_train in calls and device in calls[Call.critic_train].devices:
         roles.append(Role.critic)
     if critic_needs_realloc(plan) and device in calls[Call.critic_inf].devices:
         roles.append(Role.critic_inf)
-    if device in calls[Call.ref_inf].devices:
+    if Call.ref_inf in calls and device in calls[Call.ref_inf].devices:
         roles.append(Role.ref)
     if Call.rew_inf in calls and device in calls[Call.rew_inf].devices:
         roles.append(Role.reward)

@@ -49,6 +49,20 @@ def test_dry_run_prints_each_call_and_the_cost_models_totals(cluster, model):
     assert report.problem is None
 
 
+@pytest.mark.parametrize("recipe", ["reward_paper_1.5b", "reward_paper_7b"])
+@pytest.mark.parametrize("algorithm", ["grpo", "dr_grpo"])
+def test_critic_free_recipes_dry_run_on_their_own_graph_and_fit(recipe, algorithm):
+    """The reward paper's recipes with a critic-free algorithm: no critic rows (and with Dr. GRPO's beta 0 no
+    reference row) in the plan or the memory table, and the plan fits an H100."""
+    cfg = _cfg(f"experiment={recipe}", f"algorithm={algorithm}", "cluster=gpu_1x8")
+    report = plan_report(cfg)
+    text = "\n".join([*report.lines, report.summary])
+    assert "critic" not in text, text
+    assert ("ref_inf" in text) == (algorithm == "grpo")
+    assert report.problem is None and float(LAST_LINE.fullmatch(report.summary).group(3)) <= 80
+    assert set(report.plan.calls) == {"actor_gen", "actor_train"} | ({"ref_inf"} if algorithm == "grpo" else set())
+
+
 @pytest.mark.parametrize("cluster", ["gpu_1x8", "gpu_2x8"])
 def test_the_heuristic_fits_the_reward_papers_7b_batch(cluster):
     # 4096 prompts x 8 samples x (1024 + 1024) tokens: 67M tokens per iteration on Qwen2.5-Math-7B.

@@ -17,7 +17,7 @@ from hydra.core.config_store import ConfigStore
 from mathtask.config import DataConfig
 from models.config import ModelConfig
 from planning.config import ClusterConfig
-from ppo.config import PPOConfig, SFTConfig
+from ppo.config import AlgorithmConfig, PPOConfig, SFTConfig
 from rewards.config import RewardConfig, RewardModelConfig
 
 
@@ -135,6 +135,7 @@ class RewardModelsConfig:
 
 @dataclass
 class TrainConfig:
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     critic: CriticConfig = field(default_factory=CriticConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
@@ -148,6 +149,27 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_reward_model(self)
+        check_algorithm(self)
+
+
+MOVED_KEYS = {
+    f"ppo.{key}": f"algorithm.{key}"
+    for key in ("kl_coef", "kl_controller", "kl_target", "kl_horizon", "gamma", "lam", "whiten_advantages")
+}
+"""Old name -> the key's home in ``algorithm``: an override of the old name says the new one, and a checkpoint
+whose config uses the old names resumes (``trainer.run_dir.checkpoint_config``)."""
+
+
+def check_algorithm(cfg: TrainConfig) -> None:
+    """What the algorithm needs of the rest of the config."""
+    from ppo.critic_free import Estimator
+
+    a = cfg.algorithm
+    if a.estimator in (Estimator.grpo, Estimator.rloo) and cfg.rollout.num_samples_per_prompt < 2:
+        raise ValueError(
+            f"algorithm={a.name} ({a.estimator.value}) compares the responses to one prompt: it needs "
+            f"rollout.num_samples_per_prompt >= 2 (got {cfg.rollout.num_samples_per_prompt})"
+        )
 
 
 # Public reward models for a real policy, with the overrides for their input format (hub ids; download them

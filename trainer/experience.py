@@ -33,21 +33,23 @@ class Experience:
     scores: Tensor
     """[B, T] float: the reward's token rewards on the batch's response columns (before the KL term)."""
 
-    # What the models say (actor_inf, ref_inf, critic_inf).
+    # What the models say (actor_inf, and ref_inf and critic_inf when the algorithm's graph has them).
     old_logprobs: Tensor
     """[B, T] float: log pi_old of each response token (the policy that sampled it, recomputed)."""
-    ref_logprobs: Tensor
-    """[B, T] float: log pi_ref of each response token."""
-    values: Tensor
-    """[B, T] float: the critic's V at each response position."""
+    ref_logprobs: Tensor | None
+    """[B, T] float: log pi_ref of each response token (None: no KL term, no reference model)."""
+    values: Tensor | None
+    """[B, T] float: the critic's V at each response position (None: a critic-free algorithm)."""
 
-    # What PPO learns from (computed on the driver: ppo.advantages.compute_advantages).
+    # What the update learns from (computed on the driver: ppo.advantages or ppo.critic_free).
     advantages: Tensor
-    """[B, T] float: GAE advantages (whitened over the batch when asked)."""
+    """[B, T] float: GAE advantages (whitened over the batch when asked), or the critic-free estimator's."""
     returns: Tensor
-    """[B, T] float: the critic's targets (raw advantages + values)."""
-    kl: Tensor
-    """[B, T] float: log pi_old - log pi_ref per token."""
+    """[B, T] float: the critic's targets (raw advantages + values), or the rewards-to-go (critic-free)."""
+    kl: Tensor | None
+    """[B, T] float: log pi_old - log pi_ref per token (None without a reference model)."""
+    group: Tensor | None = None
+    """[B] long: each response's prompt group (critic-free estimators)."""
 
     def sequences(self) -> dict[str, Tensor]:
         """What the inference calls read: the padded token batch."""
@@ -59,13 +61,15 @@ class Experience:
         }
 
     def update_batch(self) -> dict[str, Tensor]:
-        """What actor_train and critic_train read: the sequences with the old and reference logprobs,
-        the values, and the advantages and returns."""
-        return {
-            **self.sequences(),
-            "old_logprobs": self.old_logprobs,
-            "ref_logprobs": self.ref_logprobs,
-            "values": self.values,
-            "advantages": self.advantages,
-            "returns": self.returns,
-        }
+        """What actor_train (and critic_train) read: the sequences with the old logprobs and the advantages, the
+        reference logprobs when there are some (a KL loss term reads them), the values and returns when a critic
+        trains on them."""
+        critic = self.values is not None
+        parts: list[tuple[str, Tensor | None]] = [
+            ("old_logprobs", self.old_logprobs),
+            ("ref_logprobs", self.ref_logprobs),
+            ("values", self.values),
+            ("advantages", self.advantages),
+            ("returns", self.returns if critic else None),
+        ]
+        return {**self.sequences(), **{k: v for k, v in parts if v is not None}}

@@ -1,9 +1,11 @@
-"""train(): the PPO loop on an execution plan deployed by ``runtime/driver.py``.
+"""train(): the RL loop (PPO, or a critic-free algorithm) on an execution plan deployed by ``runtime/driver.py``.
 
-One iteration (``run_iteration``), each step a function below::
+One iteration (``run_iteration``), each step a function below; the calls are those of the algorithm's dataflow
+graph (a critic-free algorithm has no critic_inf, critic_train; beta 0 has no ref_inf)::
 
     rollouts = generate(run, it)                   # actor_gen: vLLM replicas on the plan's generation devices
-    exp = experience(run, *score(run, rollouts))   # rew_inf, actor_inf, ref_inf, critic_inf; then GAE here
+    exp = experience(run, *score(run, rollouts), prompt_groups(rollouts))  # rew_inf, actor_inf, ref_inf,
+                                                   # critic_inf; then the advantages here
     training = runtime.start_training(...)         # actor_train, critic_train
     sync = runtime.weight_sync.start(...)          # reallocation: trained weights to the engines (and critic_inf)
     stats = finish_training(...)                   # the stats; stops on a non-finite loss; KL coefficient
@@ -39,7 +41,15 @@ from trainer.checkpoint import latest_checkpoint, load_state, save_checkpoint
 from trainer.config import SeedPer, TrainConfig
 from trainer.experience import Experience
 from trainer.metrics import MetricsWriter, Progress, plot_curves
-from trainer.rollout import Rollout, iteration_problems, pad_batch, prompt_ids, prompt_text, rollout_template
+from trainer.rollout import (
+    Rollout,
+    iteration_problems,
+    pad_batch,
+    prompt_groups,
+    prompt_ids,
+    prompt_text,
+    rollout_template,
+)
 
 if TYPE_CHECKING:
     from planning.execution_plan import ExecutionPlan
@@ -259,7 +269,7 @@ def _attempt(cfg: TrainConfig, run_dir: Path, prepared: Prepared, restarts: list
         plan, lifecycle = execution_plan(cfg, policy_dir, prepared.reward_dir, run_dir, longest)
         runtime = deploy(cfg, cluster, plan, lifecycle, policy_dir)
         p = prepared
-        kl_ctl = make_kl_controller(cfg.ppo)
+        kl_ctl = make_kl_controller(cfg.algorithm)
         run = Run(cfg, run_dir, p.tokenizer, p.train_problems, p.heldout, p.prompts, p.prompt_tokens, runtime, kl_ctl)
         atomic_write_text(run_dir / "placement.json", json.dumps(runtime.placement(), indent=2))
         start = resume_or_begin(run)
@@ -309,7 +319,7 @@ def run_iterations(run: Run, start: int) -> None:
             progress.line(
                 it + 1,
                 f"success {metrics['reward/success']:.3f} | learned {metrics['reward/learned']:+.3f} "
-                f"| kl {metrics['kl/mean']:.4f} | len {metrics['response/length']:.1f} "
+                f"| kl {metrics.get('kl/mean', 0.0):.4f} | len {metrics['response/length']:.1f} "
                 f"| steps {metrics['response/num_steps']:.2f} | {metrics['throughput/tokens_per_s']:.0f} tok/s",
             )
         )
@@ -351,6 +361,8 @@ def deploy(
             engine_kwargs=engine_kwargs,
             lifecycle=lifecycle,
             collective_timeout_s=cfg.cluster.collective_timeout_s,
+            algorithm=cfg.algorithm,
+            loss_norm_tokens=cfg.algorithm.loss_agg_num_tokens or r.max_new_tokens,
         )
     except (PlacementError, UnsupportedPlan) as e:
         raise TrainingError(str(e)) from None
@@ -373,7 +385,8 @@ def resume_or_begin(run: Run) -> int:
     state = load_state(ckpt)
     runtime.sleep_engines()  # the checkpoint loads into shards beside them; the weight sync below wakes them
     runtime.on_role(Role.actor, PolicyShard.load_checkpoint, str(ckpt / "policy"))
-    runtime.on_role(Role.critic, CriticShard.load_checkpoint, str(ckpt / "critic"))
+    if cfg.algorithm.has_critic:
+        runtime.on_role(Role.critic, CriticShard.load_checkpoint, str(ckpt / "critic"))
     run.kl_ctl.load_state_dict(state["kl"])
     run.reward_calibration = state.get("reward_calibration")
     if run.reward_calibration is None and state.get("reward_eta") is not None:  # a checkpoint from before alpha
@@ -441,7 +454,8 @@ def run_iteration(run: Run, it: int) -> dict[str, float]:
     """One PPO iteration, each step a function below; then metrics, evaluation and a checkpoint."""
     t_iter = time.time()
     rollouts = generate(run, it)  # actor_gen: the vLLM replicas sample the responses
-    exp = experience(run, *score(run, rollouts))  # rew_inf, actor_inf, ref_inf, critic_inf; then GAE here
+    # rew_inf, actor_inf, ref_inf, critic_inf (those the algorithm has); then its advantages here
+    exp = experience(run, *score(run, rollouts), prompt_groups(rollouts))
     training = run.runtime.start_training(exp.update_batch(), it)  # actor_train, critic_train
     # Reallocation is its own step, started now: each model's weights move as soon as its own training and
     # the devices they move over are free (the actor's to the engines while the critic may still train).
@@ -543,38 +557,65 @@ def score(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, torch.Tensor], S
     return batch, scores
 
 
-def experience(run: Run, batch: dict[str, torch.Tensor], scores: Scores) -> Experience:
-    """The iteration's ``Experience``: the reward's token scores on the batch's response columns, then
-    KL-shaped GAE advantages, returns and per-token KL (``ppo.advantages.compute_advantages``)."""
-    from ppo.advantages import compute_advantages
-
+def experience(run: Run, batch: dict[str, torch.Tensor], scores: Scores, group: torch.Tensor) -> Experience:
+    """The iteration's ``Experience``: the reward's token scores on the batch's response columns, then the
+    algorithm's advantages: KL-shaped GAE over the critic's values (``ppo.advantages.compute_advantages``) or a
+    critic-free estimator over the prompt groups ``group`` [B] (``ppo.critic_free``)."""
     mask = batch["response_mask"]
     token_scores = torch.zeros_like(mask)
     token_rewards = scores.reward.token_rewards
     token_scores[:, : token_rewards.shape[1]] = token_rewards[:, : mask.shape[1]]
-    ppo = run.cfg.ppo
-    adv = compute_advantages(
-        token_scores,
-        scores.old_logprobs,
-        scores.ref_logprobs,
-        scores.values,
-        mask,
-        run.kl_ctl.value,
-        ppo.gamma,
-        ppo.lam,
-        ppo.whiten_advantages,
-    )
-    return Experience(
+    a = run.cfg.algorithm
+    common: dict[str, Any] = dict(
         **batch,
         reward=scores.reward,
         scores=token_scores,
         old_logprobs=scores.old_logprobs,
         ref_logprobs=scores.ref_logprobs,
         values=scores.values,
-        advantages=adv.advantages,
-        returns=adv.returns,
-        kl=adv.kl,
+        group=group,
     )
+    if a.has_critic:
+        from ppo.advantages import compute_advantages
+
+        assert scores.values is not None and scores.ref_logprobs is not None  # the graph of gae has both
+        adv = compute_advantages(
+            token_scores,
+            scores.old_logprobs,
+            scores.ref_logprobs,
+            scores.values,
+            mask,
+            run.kl_ctl.value,
+            a.gamma,
+            a.lam,
+            a.whiten_advantages,
+        )
+        return Experience(**common, advantages=adv.advantages, returns=adv.returns, kl=adv.kl)
+    return critic_free_experience(run, common, token_scores, mask, scores, group)
+
+
+def critic_free_experience(
+    run: Run,
+    common: dict[str, Any],
+    token_scores: torch.Tensor,
+    mask: torch.Tensor,
+    scores: Scores,
+    group: torch.Tensor,
+) -> Experience:
+    """A critic-free algorithm's experience: -beta * KL (its estimator) on the rewards when the KL term is in the
+    reward, then the estimator's advantages over the groups (``ppo.critic_free.critic_free_advantages``)."""
+    from ppo.config import KLPlacement
+    from ppo.critic_free import critic_free_advantages
+    from ppo.kl import kl_estimate
+
+    a, rewards, kl = run.cfg.algorithm, token_scores, None
+    if scores.ref_logprobs is not None:
+        kl = (scores.old_logprobs - scores.ref_logprobs) * mask
+        if a.kl_in == KLPlacement.reward:
+            penalty = kl_estimate(scores.old_logprobs, scores.ref_logprobs, mask, a.kl_estimator)
+            rewards = (token_scores - run.kl_ctl.value * penalty) * mask
+    adv = critic_free_advantages(rewards, mask, group, a.estimator, a.group_std, a.gamma)
+    return Experience(**common, advantages=adv.advantages, returns=adv.returns, kl=kl)
 
 
 def finish_training(run: Run, training: Training, exp: Experience, it: int) -> tuple[dict, dict]:
@@ -587,13 +628,16 @@ def finish_training(run: Run, training: Training, exp: Experience, it: int) -> t
                 f"{latest_checkpoint(run.ckpt_root) or 'none'}"
             )
     mask = exp.response_mask
-    run.kl_ctl.update((exp.kl * mask).sum(-1).mean().item(), mask.shape[0])
+    if exp.kl is not None:
+        run.kl_ctl.update((exp.kl * mask).sum(-1).mean().item(), mask.shape[0])
     return actor_stats, critic_stats
 
 
 def iteration_metrics(
     run: Run, rollouts: list[Rollout], exp: Experience, actor_stats: dict, critic_stats: dict
 ) -> dict[str, float]:
+    from ppo.critic_free import equal_reward_group_fraction
+
     rb, mask = exp.reward, exp.response_mask
     metrics: dict[str, float] = {
         "reward/success": rb.success.float().mean().item(),
@@ -602,15 +646,18 @@ def iteration_metrics(
         "response/length": mask.sum(-1).float().mean().item(),
         "response/num_steps": rb.num_steps.float().mean().item(),
         "response/truncated": sum(x.completion.finish_reason == "length" for x in rollouts) / len(rollouts),
-        "kl/mean": (exp.kl * mask).sum(-1).mean().item(),
-        "kl/coef": run.kl_ctl.value,
         "advantages/mean": masked_mean(exp.advantages, mask).item(),
         "returns/mean": masked_mean(exp.returns, mask).item(),
-        "critic/explained_variance": explained_variance(exp.values, exp.returns, mask),
         **{f"actor/{k}": v for k, v in actor_stats.items()},
         **{f"critic/{k}": v for k, v in critic_stats.items()},
         "_num_generated": float(sum(len(x.completion.token_ids) for x in rollouts)),
     }
+    if exp.kl is not None:
+        metrics |= {"kl/mean": (exp.kl * mask).sum(-1).mean().item(), "kl/coef": run.kl_ctl.value}
+    if exp.values is not None:
+        metrics["critic/explained_variance"] = explained_variance(exp.values, exp.returns, mask)
+    if exp.group is not None:  # groups that teach a group baseline nothing: every response's reward the same
+        metrics["advantages/equal_reward_group_fraction"] = equal_reward_group_fraction(exp.scores.sum(-1), exp.group)
     metrics.update({k: float(v) for k, v in rb.metrics.items() if k not in metrics})
     step_scores = [c for s in rb.step_scores for c in s]
     if step_scores:
@@ -659,6 +706,7 @@ def checkpoint(run: Run, it: int) -> None:
 
     def write_parts(d: Path) -> None:
         run.runtime.on_role(Role.actor, PolicyShard.save_checkpoint, str(d / "policy"))
-        run.runtime.on_role(Role.critic, CriticShard.save_checkpoint, str(d / "critic"))
+        if cfg.algorithm.has_critic:
+            run.runtime.on_role(Role.critic, CriticShard.save_checkpoint, str(d / "critic"))
 
     save_checkpoint(run.ckpt_root, it + 1, state, write_parts, keep_last=cfg.run.keep_checkpoints)

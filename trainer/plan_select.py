@@ -116,10 +116,16 @@ def reward_spec(cfg: TrainConfig, reward_dir: Path | None = None) -> ModelSpec |
 def model_specs(
     cfg: TrainConfig, *, actor_dir: Path | None = None, critic_dir: Path | None = None, reward_dir: Path | None = None
 ) -> dict[str, ModelSpec]:
-    """Model name -> shape, as ``ExecutionPlan.validate`` and the cost model take them."""
+    """Model name -> shape, as ``ExecutionPlan.validate`` and the cost model take them: the models of the
+    algorithm's dataflow graph (a critic only for one that trains it, a reference only with a KL term)."""
     actor = model_spec(cfg.model, actor_dir)
-    critic = actor if cfg.critic.from_policy else model_spec(cfg.critic.model, critic_dir, key="critic.model")
-    specs = {"actor": actor, "critic": critic, "ref": actor}
+    specs = {"actor": actor}
+    if cfg.algorithm.has_critic:
+        specs["critic"] = (
+            actor if cfg.critic.from_policy else model_spec(cfg.critic.model, critic_dir, key="critic.model")
+        )
+    if cfg.algorithm.has_reference:
+        specs["ref"] = actor
     reward = reward_spec(cfg, reward_dir)
     if reward is not None:
         specs["reward"] = reward
@@ -139,8 +145,9 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec], longest_prompt: int 
     r = cfg.rollout
     return Workload(
         actor=specs["actor"],
-        critic=specs["critic"],
+        critic=specs.get("critic"),
         reward=specs.get("reward"),
+        reference="ref" in specs,
         batch=r.num_prompts * r.num_samples_per_prompt,
         prompt_len=r.max_prompt_tokens,
         gen_len=r.max_new_tokens,

@@ -41,7 +41,7 @@ def preflight(cfg: TrainConfig, run_dir: Path | None) -> tuple[list[str], list[s
 
     check("data", lambda: describe_data(cfg))
     check("model", lambda: _locate_model(cfg.model))
-    if not cfg.critic.from_policy:
+    if cfg.algorithm.has_critic and not cfg.critic.from_policy:
         check("critic", lambda: _locate_model(cfg.critic.model))
     if cfg.reward.kind != RewardKind.success:
         check("reward model", lambda: _locate_reward_model(cfg.reward.model.path))

@@ -87,3 +87,10 @@ def pad_batch(prompts: Sequence[list[int]], responses: Sequence[list[int]], pad_
         "position_ids": position_ids,
         "response_mask": response_mask,
     }
+
+
+def prompt_groups(rollouts: Sequence[Rollout]) -> torch.Tensor:
+    """Each rollout's prompt group, [B] long: the responses to one problem share an id (0, 1, ... in order of
+    first appearance). Worked example: problems a, a, b, b, a -> [0, 0, 1, 1, 0]."""
+    ids: dict[str, int] = {}
+    return torch.tensor([ids.setdefault(x.problem.id, len(ids)) for x in rollouts], dtype=torch.long)

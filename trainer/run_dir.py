@@ -2,8 +2,8 @@
 snapshot it then writes.
 
 - ``check_resume``: a relaunch into a directory with a checkpoint resumes from it only when the settings
-  that change the math are the checkpoint's (``MATH_KEYS``: model, critic, reward, data, rollout, PPO,
-  SFT warm-up, seed); otherwise it refuses, listing the changed keys, unless ``run.resume=false``.
+  that change the math are the checkpoint's (``MATH_KEYS``: algorithm, model, critic, reward, data, rollout,
+  PPO, SFT warm-up, seed); otherwise it refuses, listing the changed keys, unless ``run.resume=false``.
 - ``save_run_config``: ``.hydra/config.yaml`` and ``.hydra/overrides.yaml`` (what ``trainer.export``,
   ``trainer.summarize`` and the W&B logger read), written atomically once the checks pass, so that a
   failed relaunch leaves the directory as it was.
@@ -17,9 +17,9 @@ from typing import Any
 from common.config import to_plain
 from common.files import atomic_write_text
 from trainer.checkpoint import latest_checkpoint, load_state
-from trainer.config import TrainConfig
+from trainer.config import MOVED_KEYS, TrainConfig
 
-MATH_KEYS = ("model", "critic", "reward", "data", "rollout", "ppo", "sft", "run.seed")
+MATH_KEYS = ("algorithm", "model", "critic", "reward", "data", "rollout", "ppo", "sft", "run.seed")
 """Settings a resumed run must share with its checkpoint. Not among them: the number of iterations (a
 run may be extended), how often it evaluates, checkpoints or logs, and the cluster and plan (placement
 does not change the math)."""
@@ -34,9 +34,20 @@ class ResumeError(ValueError):
 def math_settings(config: dict[str, Any]) -> dict[str, Any]:
     """The MATH_KEYS of a plain config (``to_plain(TrainConfig)``), flattened to dotted keys.
 
-    Worked example: {"run": {"seed": 3, "name": "x"}, "ppo": {"gamma": 1.0}} -> {"ppo.gamma": 1.0, "run.seed": 3}.
+    A config without ``algorithm`` (written before it existed) was PPO's: its keys under their old names
+    (``MOVED_KEYS``) are read as ``algorithm``'s and the rest of ``algorithm`` as PPO's defaults.
+
+    Worked example: {"run": {"seed": 3, "name": "x"}, "ppo": {"clip_eps": 0.2}} -> {"ppo.clip_eps": 0.2, "run.seed": 3}
+    (and the algorithm's defaults).
     """
+    from ppo.config import AlgorithmConfig
+
     flat = _flatten(config)
+    if "algorithm" not in config:
+        flat = {**_flatten({"algorithm": to_plain(AlgorithmConfig())}), **flat}
+        for old, new in MOVED_KEYS.items():
+            if old in flat:
+                flat[new] = flat.pop(old)
     return {k: v for k, v in flat.items() if any(k == m or k.startswith(f"{m}.") for m in MATH_KEYS)}
 
 

@@ -38,8 +38,11 @@ from common.optim import adamw
 from common.schedule import build_lr_scheduler
 from ppo import batch as B
 from ppo.advantages import masked_sum
-from ppo.config import PPOConfig, SFTConfig
+from ppo.config import AlgorithmConfig, KLPlacement, PPOConfig, SFTConfig
+from ppo.kl import kl_estimate
 from ppo.losses import (
+    Denominators,
+    aggregate,
     entropy_from_logits,
     head_logprobs,
     logprobs_from_logits,
@@ -355,8 +358,18 @@ class _Trainer:
     Composition, not inheritance: each worker owns one and passes in its loss function.
     """
 
-    def __init__(self, model: nn.Module, ranks: Ranks, ppo: PPOConfig, lr: float, num_iterations: int, seed: int):
-        self.model, self.ranks, self.ppo, self.seed = model, ranks, ppo, seed
+    def __init__(
+        self,
+        model: nn.Module,
+        ranks: Ranks,
+        ppo: PPOConfig,
+        lr: float,
+        num_iterations: int,
+        seed: int,
+        norm_tokens: int = 1,
+    ):
+        """``norm_tokens``: the constant of the seq_mean_token_sum_norm aggregation (``ppo.losses.aggregate``)."""
+        self.model, self.ranks, self.ppo, self.seed, self.norm_tokens = model, ranks, ppo, seed, norm_tokens
         self.optimizer = adamw(model.parameters(), lr=lr, weight_decay=ppo.weight_decay)
         self.scheduler = build_lr_scheduler(
             self.optimizer, ppo.lr_schedule, ppo.num_warmup_iterations, max(num_iterations, 1)
@@ -374,8 +387,9 @@ class _Trainer:
         the rows are ordered here, the same way. Each part runs as ``num_microbatches`` forward /
         backward passes (gradient accumulation, at most one per row; every rank must get the same
         number; rows of similar length go together, ``batch.microbatch_rows``).
-        ``loss_fn(minibatch, num_tokens) -> (loss, {name: scalar})`` returns this rank's share of the
-        global-minibatch token mean (the stats too); the shares sum to the global value.
+        ``loss_fn(minibatch, den) -> (loss, {name: scalar})`` returns this rank's share of the global
+        minibatch's loss, its denominators ``den`` those of the whole minibatch (``ppo.losses.Denominators``),
+        and its stats' (token means); the shares sum to the global values.
         """
         if part_sizes is None:
             if self.ranks.num_dp > 1:
@@ -413,10 +427,10 @@ class _Trainer:
     def _step(self, minibatch: Mapping[str, Tensor], loss_fn, num_microbatches: int, sums: dict[str, Tensor]) -> Tensor:
         """One optimizer step on one minibatch in ``num_microbatches`` passes; adds the stats to
         ``sums`` and returns the pre-clip gradient norm."""
-        num_tokens = self.ranks.all_reduce_sum(minibatch["response_mask"].sum().float())
+        den = self.denominators(minibatch["response_mask"])
         num_micro = microbatch_count(minibatch, num_microbatches, self.ranks)
         micros = [B.trim_padding(B.select(minibatch, rows)) for rows in B.microbatch_rows(minibatch, num_micro)]
-        for loss, stats in self._forward_backward(micros, num_tokens, loss_fn):
+        for loss, stats in self._forward_backward(micros, den, loss_fn):
             for name, value in {"loss": loss.detach(), **stats}.items():
                 sums[name] = sums.get(name, 0.0) + value.detach().float()
         pipe = self.ranks.pipeline
@@ -429,8 +443,14 @@ class _Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         return grad_norm.detach().float().cpu()
 
+    def denominators(self, mask_BT: Tensor) -> Denominators:
+        """The whole minibatch's token and response counts (one all-reduce over the dp ranks' shares)."""
+        counts = torch.stack([mask_BT.sum(), (mask_BT.sum(1) > 0).sum()]).float()
+        num_tokens, num_responses = self.ranks.all_reduce_sum(counts)
+        return Denominators(num_tokens, num_responses, float(self.norm_tokens))
+
     def _forward_backward(
-        self, micros: list[dict[str, Tensor]], num_tokens: Tensor, loss_fn
+        self, micros: list[dict[str, Tensor]], den: Denominators, loss_fn
     ) -> list[tuple[Tensor, dict[str, Tensor]]]:
         """Loss and backward of each micro-batch (through the stages with a pipeline: nothing to
         return on stages before the last). FSDP averages gradients over dp ranks and our loss is
@@ -441,14 +461,14 @@ class _Trainer:
                 self.model,
                 pipe,
                 micros,
-                lambda micro, hidden: loss_fn(micro, num_tokens, hidden),
+                lambda micro, hidden: loss_fn(micro, den, hidden),
                 self.ranks.num_dp,
                 lambda: self.ranks.autocast(self.model),
             )
         results = []
         for micro in micros:
             with self.ranks.autocast(self.model):
-                loss, stats = loss_fn(micro, num_tokens)
+                loss, stats = loss_fn(micro, den)
             (loss * self.ranks.num_dp).backward()
             results.append((loss, stats))
         return results
@@ -522,13 +542,17 @@ class PolicyShard:
         seed: int = 0,
         temperature: float = 1.0,
         activation_checkpointing: bool = False,
+        algorithm: AlgorithmConfig | None = None,
+        loss_norm_tokens: int = 1,
     ):
         """``num_iterations`` sizes the LR schedule; ``temperature`` is the rollout sampler's, so
-        that logprobs are those of the distribution tokens were drawn from."""
+        that logprobs are those of the distribution tokens were drawn from; ``algorithm``: how the policy
+        loss aggregates and whether it holds the KL term; ``loss_norm_tokens``: Dr. GRPO's constant."""
         from transformers import AutoModelForCausalLM
 
         self.ranks = Ranks.of(ranks, dtype)
         self.ppo = ppo or PPOConfig()
+        self.algorithm = algorithm or AlgorithmConfig()
         self.sft = sft or SFTConfig()
         self.temperature = temperature
         self.model_dir = model_dir
@@ -537,7 +561,9 @@ class PolicyShard:
         if activation_checkpointing:
             _checkpoint_activations(model)
         self.model = _shard(model, self.ranks)
-        self.trainer = _Trainer(self.model, self.ranks, self.ppo, self.ppo.actor_lr, num_iterations, seed)
+        self.trainer = _Trainer(
+            self.model, self.ranks, self.ppo, self.ppo.actor_lr, num_iterations, seed, loss_norm_tokens
+        )
         self._sft_optimizer: torch.optim.Optimizer | None = None
         self._sft_scheduler: Any = None
 
@@ -552,12 +578,21 @@ class PolicyShard:
         )
 
     def _policy_loss(
-        self, minibatch: Mapping[str, Tensor], num_tokens: Tensor, hidden: Tensor | None = None
+        self, minibatch: Mapping[str, Tensor], den: Denominators, hidden: Tensor | None = None
     ) -> tuple[Tensor, dict[str, Tensor]]:
-        mask_BT = minibatch["response_mask"]
+        """PPO-clip aggregated as ``algorithm.loss_agg``, minus the entropy bonus, plus beta * KL (the algorithm's
+        estimator, aggregated the same way) when the KL term is in the loss; this rank's share, and its stats."""
+        mask_BT, num_tokens, a = minibatch["response_mask"], den.num_tokens, self.algorithm
         logprobs_BT, entropy_BT = response_logprobs(self.model, minibatch, self.temperature, hidden, with_entropy=True)
         loss, stats = policy_loss(
-            logprobs_BT, minibatch["old_logprobs"], minibatch["advantages"], mask_BT, self.ppo.clip_eps, num_tokens
+            logprobs_BT,
+            minibatch["old_logprobs"],
+            minibatch["advantages"],
+            mask_BT,
+            self.ppo.clip_eps,
+            num_tokens,
+            a.loss_agg,
+            den,
         )
         assert entropy_BT is not None  # with_entropy
         # The entropy's gradient stays out of the backward unless it is in the loss.
@@ -565,12 +600,18 @@ class PolicyShard:
         entropy = entropy / num_tokens.clamp(min=1)
         if self.ppo.entropy_coef != 0.0:
             loss = loss - self.ppo.entropy_coef * entropy
-        return loss, {
+        out = {
             "clip_frac": stats.clip_frac,
             "approx_kl": stats.approx_kl,
             "ratio": stats.ratio,
             "entropy": entropy.detach(),
         }
+        if a.kl_in == KLPlacement.loss and a.kl_coef != 0.0:
+            kl_BT = kl_estimate(logprobs_BT, minibatch["ref_logprobs"], mask_BT, a.kl_estimator)
+            kl_loss = aggregate(kl_BT, mask_BT, a.loss_agg, den)
+            loss = loss + a.kl_coef * kl_loss
+            out["kl_loss"] = kl_loss.detach()
+        return loss, out
 
     @dispatch(Split.ppo_shares, Gather.first)
     def update(
@@ -722,7 +763,7 @@ class CriticShard:
     def _value_loss(
         self,
         minibatch: Mapping[str, Tensor],
-        num_tokens: Tensor,
+        den: Denominators,
         clip_range: float | None,
         hidden: Tensor | None = None,
     ) -> tuple[Tensor, dict[str, Tensor]]:
@@ -733,7 +774,7 @@ class CriticShard:
             minibatch["returns"],
             minibatch["response_mask"],
             clip_range,
-            num_tokens,
+            den.num_tokens,
         )
         return loss, {"clip_frac": stats.clip_frac, "values": stats.values}
 
@@ -756,7 +797,7 @@ class CriticShard:
         )
         stats = self.trainer.run(
             batch,
-            lambda minibatch, num_tokens, hidden=None: self._value_loss(minibatch, num_tokens, clip_range, hidden),
+            lambda minibatch, den, hidden=None: self._value_loss(minibatch, den, clip_range, hidden),
             part_sizes,
             num_microbatches,
         )

@@ -3,7 +3,7 @@ name the file, the call and the field."""
 
 import pytest
 
-from planning.execution_plan import CALLS, CallAllocation, ExecutionPlan, PlanError
+from planning.execution_plan import CALLS, CallAllocation, ExecutionPlan, PlanError, graph_calls
 from reallocation.layout import ModelSpec
 
 # Qwen2.5-Math-1.5B's shape: 12 heads, 2 kv heads, 28 layers.
@@ -29,7 +29,7 @@ FOURTEEN_HEADS = ModelSpec(
     vocab_size=49152,
     tie_word_embeddings=True,
 )
-SPECS = {"actor": QWEN_1_5B, "critic": QWEN_1_5B, "reward": QWEN_1_5B}
+SPECS = {"actor": QWEN_1_5B, "critic": QWEN_1_5B, "ref": QWEN_1_5B, "reward": QWEN_1_5B}
 
 EXAMPLE = """\
 num_nodes: 2
@@ -139,7 +139,7 @@ def test_validation_names_call_and_field(edit, spec, message):
         old = next(line for line in text.splitlines() if line.strip().startswith(name + ":"))
         text = text.replace(old, f"  {name}: {entry}")
     plan = ExecutionPlan.from_yaml(text, where="plan.yaml")
-    specs = {"actor": spec, "critic": spec, "reward": spec}
+    specs = {"actor": spec, "critic": spec, "ref": spec, "reward": spec}
     if message is None:
         plan.validate(specs)
         return
@@ -153,17 +153,34 @@ def test_validate_uses_the_loaded_file_name(tmp_path):
         EXAMPLE.replace("tp: 2}", "tp: 3}").replace("dp: 2, ", "dp: 1, ").replace("[0, 1, 2, 3], dp", "[0, 1, 2], dp")
     )
     with pytest.raises(PlanError, match=r"bad\.yaml: calls\.actor_gen\.tp=3 does not divide num_attention_heads=14"):
-        ExecutionPlan.load(path).validate({"actor": FOURTEEN_HEADS, "critic": FOURTEEN_HEADS, "reward": FOURTEEN_HEADS})
+        ExecutionPlan.load(path).validate(
+            {"actor": FOURTEEN_HEADS, "critic": FOURTEEN_HEADS, "ref": FOURTEEN_HEADS, "reward": FOURTEEN_HEADS}
+        )
 
 
 def test_reward_call_matches_the_reward_model():
     plan = example()
     with pytest.raises(PlanError, match="calls.rew_inf is given but the reward has no reward model"):
-        plan.validate({"actor": QWEN_1_5B, "critic": QWEN_1_5B})
+        plan.validate({"actor": QWEN_1_5B, "critic": QWEN_1_5B, "ref": QWEN_1_5B})
     without = ExecutionPlan(2, 4, {k: v for k, v in plan.calls.items() if k != "rew_inf"})
-    without.validate({"actor": QWEN_1_5B, "critic": QWEN_1_5B})  # "ref" falls back to the actor
+    without.validate({"actor": QWEN_1_5B, "critic": QWEN_1_5B, "ref": QWEN_1_5B})
     with pytest.raises(PlanError, match="calls.rew_inf is missing"):
         without.validate(SPECS)
+
+
+def test_the_plan_allocates_exactly_the_algorithms_graph():
+    """A critic-free algorithm's specs have no critic (and without a KL term no ref): its plan has no critic
+    calls (no ref_inf); a PPO plan given to it is refused, naming the call and why."""
+    plan = example()
+    critic_free = ExecutionPlan(2, 4, {k: v for k, v in plan.calls.items() if not k.startswith("critic")})
+    critic_free.validate({"actor": QWEN_1_5B, "ref": QWEN_1_5B, "reward": QWEN_1_5B})
+    with pytest.raises(PlanError, match="calls.critic_inf is given but the algorithm has no critic; remove it"):
+        plan.validate({"actor": QWEN_1_5B, "ref": QWEN_1_5B, "reward": QWEN_1_5B})
+    with pytest.raises(
+        PlanError, match=r"calls.ref_inf is given but the algorithm has no KL term \(algorithm.kl_coef=0\)"
+    ):
+        critic_free.validate({"actor": QWEN_1_5B, "reward": QWEN_1_5B})
+    assert graph_calls({"actor": 1, "ref": 1}) == ("actor_gen", "ref_inf", "actor_train")
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from common.schedule import LRSchedule, build_lr_scheduler, lr_multiplier
-from ppo.config import KLController, PPOConfig
+from ppo.config import AlgorithmConfig, KLController
 from ppo.kl import AdaptiveKLController, FixedKLController, make_kl_controller
 
 
@@ -31,8 +31,8 @@ def test_adaptive_kl_controller_by_hand():
 
 
 def test_make_kl_controller():
-    assert isinstance(make_kl_controller(PPOConfig()), FixedKLController)
-    adaptive = make_kl_controller(PPOConfig(kl_controller=KLController.adaptive, kl_coef=0.2))
+    assert isinstance(make_kl_controller(AlgorithmConfig()), FixedKLController)
+    adaptive = make_kl_controller(AlgorithmConfig(kl_controller=KLController.adaptive, kl_coef=0.2))
     assert isinstance(adaptive, AdaptiveKLController) and adaptive.value == 0.2
 
 
@@ -71,3 +71,21 @@ def test_build_lr_scheduler_steps_per_iteration():
     assert lrs == pytest.approx([1.0, 0.75, 0.5, 0.25])
     with pytest.raises(ValueError):
         lr_multiplier(LRSchedule.linear, -1, 4)
+
+
+def test_kl_estimators_by_hand():
+    """x = log pi - log pi_ref = log 2 on one token, -log 2 on another, padding after: k1 = x, k2 = x^2 / 2,
+    k3 = exp(-x) - 1 + x (>= 0 for either sign)."""
+    from ppo.config import KLEstimator
+    from ppo.kl import kl_estimate
+
+    logp = torch.tensor([[math.log(2.0), -math.log(2.0), 5.0]])
+    ref = torch.zeros(1, 3)
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    x = math.log(2.0)
+    torch.testing.assert_close(kl_estimate(logp, ref, mask, KLEstimator.k1), torch.tensor([[x, -x, 0.0]]))
+    torch.testing.assert_close(
+        kl_estimate(logp, ref, mask, KLEstimator.k2), torch.tensor([[x * x / 2, x * x / 2, 0.0]])
+    )
+    k3 = [0.5 - 1 + x, 2.0 - 1 - x, 0.0]
+    torch.testing.assert_close(kl_estimate(logp, ref, mask, KLEstimator.k3), torch.tensor([k3]))

@@ -194,3 +194,20 @@ def test_head_logprobs_in_blocks_equal_the_full_logits_values_and_gradients(temp
     want_h = hidden.clone().requires_grad_()
     (full(want_h, weight)[0] * up_logprobs).sum().backward()
     torch.testing.assert_close(h.grad, want_h.grad, atol=1e-5, rtol=1e-5)
+
+
+def test_loss_aggregations_by_hand():
+    """Per-token losses [[1, 1, 1, 1], [4, -, -, -]]: 5 tokens in 2 responses, Dr. GRPO's constant 4."""
+    from ppo.config import LossAgg
+    from ppo.losses import Denominators, aggregate
+
+    loss = torch.tensor([[1.0, 1.0, 1.0, 1.0], [4.0, 9.0, 9.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
+    den = Denominators(torch.tensor(5.0), torch.tensor(2.0), 4.0)
+    assert aggregate(loss, mask, LossAgg.token_mean, den).item() == pytest.approx(8 / 5)
+    assert aggregate(loss, mask, LossAgg.seq_mean_token_mean, den).item() == pytest.approx((1 + 4) / 2)
+    assert aggregate(loss, mask, LossAgg.seq_mean_token_sum_norm, den).item() == pytest.approx(8 / (2 * 4))
+    # Two data-parallel shares of the same minibatch with the whole minibatch's denominators sum to it.
+    for agg in LossAgg:
+        halves = sum(aggregate(loss[i : i + 1], mask[i : i + 1], agg, den) for i in range(2))
+        assert halves.item() == pytest.approx(aggregate(loss, mask, agg, den).item())

@@ -91,7 +91,11 @@ def test_reward_paper_recipes(size, model, num_prompts, cluster, num_devices, pl
     )
     assert cfg.model.name == model and cfg.sft.num_steps == 0
     assert (cfg.rollout.num_prompts, cfg.rollout.num_samples_per_prompt) == (num_prompts, 8)  # the paper's batch
-    assert cfg.ppo.gamma == 1.0 and (cfg.data.name, cfg.data.heldout) == ("math_train", "math500")
+    assert (
+        cfg.algorithm.gamma == 1.0
+        and cfg.algorithm.kl_coef == 0.1
+        and (cfg.data.name, cfg.data.heldout) == ("math_train", "math500")
+    )
     assert (cfg.cluster.num_devices, cfg.cluster.plan) == (num_devices, plan)
     # Trained on the prompt `python -m eval` uses for MATH-500 / GSM8K (qwen_math_cot).
     from mathtask.prompts import TEMPLATES

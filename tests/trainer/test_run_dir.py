@@ -28,16 +28,33 @@ def _checkpoint(run_dir: Path, cfg: TrainConfig | None, iteration: int = 10) -> 
 def test_math_settings_worked_example():
     config = {
         "run": {"seed": 3, "name": "x", "num_iterations": 20},
-        "ppo": {"gamma": 1.0},
+        "algorithm": {"gamma": 1.0},
+        "ppo": {"clip_eps": 0.2},
         "cluster": {"plan": "search"},
     }
-    assert math_settings(config) == {"ppo.gamma": 1.0, "run.seed": 3}
+    assert math_settings(config) == {"algorithm.gamma": 1.0, "ppo.clip_eps": 0.2, "run.seed": 3}
 
 
 def test_changed_settings_name_old_and_new_values():
-    old = {"ppo": {"actor_lr": 1e-4, "gamma": 1.0}, "run": {"seed": 0}}
-    new = {"ppo": {"actor_lr": 3e-4, "gamma": 1.0}, "run": {"seed": 0}, "rollout": {"num_prompts": 32}}
+    old = {"algorithm": {}, "ppo": {"actor_lr": 1e-4, "clip_eps": 0.2}, "run": {"seed": 0}}
+    new = {
+        "algorithm": {},
+        "ppo": {"actor_lr": 3e-4, "clip_eps": 0.2},
+        "run": {"seed": 0},
+        "rollout": {"num_prompts": 32},
+    }
     assert changed_settings(old, new) == ["ppo.actor_lr (0.0001 -> 0.0003)", "rollout.num_prompts ('unset' -> 32)"]
+
+
+def test_a_config_from_before_the_algorithm_group_reads_as_ppo():
+    """Its KL and GAE keys under their old ``ppo`` names, no ``algorithm``: the same math as today's default."""
+    new = to_plain(TrainConfig())
+    old = {k: v for k, v in new.items() if k != "algorithm"}
+    old["ppo"] = {**new["ppo"], "kl_coef": 0.01, "gamma": 1.0, "lam": 1.0, "whiten_advantages": True}
+    old["ppo"] |= {"kl_controller": "fixed", "kl_target": 0.1, "kl_horizon": 10000}
+    assert changed_settings(old, new) == []
+    old["ppo"]["kl_coef"] = 0.05
+    assert changed_settings(old, new) == ["algorithm.kl_coef (0.05 -> 0.01)"]
 
 
 def test_a_fresh_directory_and_the_same_settings_resume(tmp_path):
