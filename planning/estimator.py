@@ -324,13 +324,14 @@ def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload,
     n, mb, pp, dp, tp = spec.num_params(), alloc.num_microbatches, alloc.pp, alloc.dp, alloc.tp
     epochs, steps = w.num_epochs, w.num_epochs * w.num_minibatches
     passes = 4 if alloc.activation_checkpointing else 3
-    t = epochs * _passes_seconds(spec, alloc, w, hw, passes=passes, flushes=w.num_minibatches)
+    t = epochs * _passes_seconds(spec, alloc, w, hw, passes=passes, flushes=w.num_minibatches, fsdp=dp > 1)
     shard = n * w.value_bytes / (tp * pp)
     if dp > 1:  # all-gathers for each micro-batch's forward and backward, a reduce-scatter per step
         gathers = (2 * mb * epochs + steps) * (dp - 1) / dp * shard / _dp_link(alloc, hw)
         t = max(t, gathers) + hw.collective_latency_s * spec.num_layers * mb * epochs
     if hw.profile is not None:  # the measured Adam step of one unsharded layer, split by FSDP
-        t += steps * _measured(_optimizer_op(alloc, hw), spec, 0, alloc, hw) * spec.num_layers / (pp * dp)
+        adam = _measured(_optimizer_op(alloc, hw), spec, 0, alloc, hw) * spec.num_layers
+        t += steps * (adam / (pp * dp) + _step_floor(spec, alloc, hw, adam))
     else:  # Adam reads and writes the fp32 state
         t += steps * 2 * n * (w.train_state_bytes - w.value_bytes) / (tp * pp * dp) / hw.hbm_bytes_per_s
     return t + steps * hw.step_overhead_s
@@ -345,11 +346,40 @@ def _optimizer_op(alloc: CallAllocation, hw: Hardware) -> str:
     return "optimizer"
 
 
+def _microbatch_floor(spec: ModelSpec, alloc: CallAllocation, hw: Hardware, passes: int, fsdp: bool) -> float:
+    """The least seconds one pipeline stage's micro-batch takes, whatever its tokens: the host's time to
+    run the model's Python and launch its kernels, which the device cannot outrun (the profile's whole-
+    model floor, ``Profile.overhead``; 0 without one). A training micro-batch is a forward and backward
+    (with activation checkpointing one more forward); a stage runs ``1 / pp`` of the layers.
+
+    Worked example (``planning/profiles/h200.json``): a 1.5B policy micro-batch of 4 rows x 1024 tokens
+    on one device computes for 0.099 s by the layer measurements but its host needs 0.119 s, so it takes
+    0.119 s; 16 rows compute for 0.32 s, past the floor (measured 0.167 and 0.437 s a step,
+    docs/gpu_measure/)."""
+    profile: Any = hw.profile
+    if profile is None or not getattr(profile, "overheads", None):
+        return 0.0
+    floor = profile.overhead("train" if passes > 1 else "forward", spec, fsdp=fsdp)
+    if passes == 4:
+        floor += profile.overhead("forward", spec, fsdp=fsdp)
+    return floor / alloc.pp
+
+
+def _step_floor(spec: ModelSpec, alloc: CallAllocation, hw: Hardware, adam: float) -> float:
+    """Seconds an optimizer step pays beyond the Adam arithmetic the layer profile prices: gradient
+    clipping, ``zero_grad`` and the host's per-parameter work, which FSDP does not divide (the profile's
+    whole-model ``step`` at one rank minus ``adam``, the unsharded model's priced Adam; 0 without one)."""
+    profile: Any = hw.profile
+    if profile is None or not getattr(profile, "overheads", None):
+        return 0.0
+    return max(0.0, profile.overhead("step", spec, fsdp=alloc.dp > 1) - adam) / alloc.pp
+
+
 def training_layout_forward_seconds(spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:
     """A forward over the whole batch on a training call's shards (``actor_inf``, the old logprobs on
     actor_train's layout; ``critic_inf`` when it runs on critic_train's shards): the forward of an
     inference call, with FSDP's all-gather of the weights for each micro-batch overlapped with it."""
-    t = _passes_seconds(spec, alloc, w, hw, passes=1, flushes=1)
+    t = _passes_seconds(spec, alloc, w, hw, passes=1, flushes=1, fsdp=alloc.dp > 1)
     if alloc.dp > 1:
         shard = spec.num_params() * w.value_bytes / (alloc.tp * alloc.pp)
         gathers = alloc.num_microbatches * (alloc.dp - 1) / alloc.dp * shard / _dp_link(alloc, hw)
@@ -358,7 +388,14 @@ def training_layout_forward_seconds(spec: ModelSpec, alloc: CallAllocation, w: W
 
 
 def _passes_seconds(
-    spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware, *, passes: int, flushes: int
+    spec: ModelSpec,
+    alloc: CallAllocation,
+    w: Workload,
+    hw: Hardware,
+    *,
+    passes: int,
+    flushes: int,
+    fsdp: bool = False,
 ) -> float:
     """``passes`` passes over the whole batch (1: a forward; 3: forward and backward; 4: with the
     forward recomputed) in ``num_microbatches`` micro-batches, the pipeline flushed ``flushes`` times.
@@ -366,7 +403,8 @@ def _passes_seconds(
     Each stage works on every micro-batch, ``(per_flush + pp - 1) / per_flush`` of that with the
     bubble: its ``num_layers / pp`` layers' compute and TP all-reduces. Stage-to-stage sends overlap
     with the other micro-batches' compute except on the pipeline's fill (and drain, for the
-    gradients): ``pp - 1`` hops of one micro-batch per flush and direction.
+    gradients): ``pp - 1`` hops of one micro-batch per flush and direction. With a profile, a
+    micro-batch takes at least the host's floor (``_microbatch_floor``; ``fsdp``: on FSDP2 shards).
     """
     n = spec.num_params()
     mb, pp, dp, tp = alloc.num_microbatches, alloc.pp, alloc.dp, alloc.tp
@@ -379,7 +417,8 @@ def _passes_seconds(
         layer = _measured("train" if train else "forward", spec, tokens_mb, alloc, hw, w.computed_seq_len)
         head = _measured("head_train" if train else "head_forward", spec, tokens_mb, alloc, hw, w.computed_seq_len)
         recompute = (4 / 3) if passes == 4 else 1.0
-        compute = (layer * recompute * spec.num_layers / pp + head) * mb * bubble
+        per_microbatch = layer * recompute * spec.num_layers / pp + head
+        compute = max(per_microbatch, _microbatch_floor(spec, alloc, hw, passes, fsdp)) * mb * bubble
     else:
         compute = (
             2 * n * tokens * passes / (len(alloc.devices) * hw.peak_flops * _efficiency(tokens_mb / tp, hw)) * bubble

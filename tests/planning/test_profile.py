@@ -266,3 +266,41 @@ def test_measure_overheads_on_cpu_times_both_paths():
     assert (out["rows"], out["tokens"], out["dtype"]) == (1, 16, "float32")
     for path in ("plain", "fsdp"):
         assert all(out[path][kind] > 0 for kind in OVERHEAD_KINDS), out
+
+
+def test_the_host_floor_prices_many_small_micro_batches_and_flips_the_choice():
+    """A micro-batch takes at least the host's floor (``Profile.overhead``). Worked example on the tiny
+    shape (2 layers): a layer's training pass costs 1 s per 100 tokens (linear), the head almost nothing,
+    the floor of a whole training micro-batch is 3 s and of a forward 1 s. 4 rows of 100 tokens:
+
+    - one micro-batch: 2 layers x 4 s = 8 s (past the floor);
+    - 4 micro-batches: each 2 x 1 s = 2 s of compute but 3 s of host: 12 s (8 s without the floor);
+    - one micro-batch with activation checkpointing: 8 x 4/3 = 10.67 s (floor 3 + 1 s, below it).
+
+    Without the floor the search would rather split into 4 micro-batches than recompute (8 < 10.67); with it,
+    recomputing one micro-batch wins (10.67 < 12). An optimizer step pays the whole-model step's excess over
+    the Adam the layers price: 0.05 - 2 x 0.01 = 0.03 s.
+    """
+    key = _shape_key(TINY)
+    fields = {k: getattr(TINY, k) for k in TINY.__dataclass_fields__}
+    rows = [
+        {"op": op, "shape": key, "tp": 1, "tokens": t, "context": 0, "seconds": s * t / 100}
+        for op, s in (("train", 1.0), ("forward", 1 / 3), ("head_train", 1e-9), ("head_forward", 1e-9))
+        for t in (100, 400)
+    ] + [{"op": "optimizer", "shape": key, "tp": 1, "tokens": 0, "context": 0, "seconds": 0.01}]
+    bare = Profile("hand-made", rows, {key: fields})
+    floored = Profile("hand-made", rows, {key: fields})
+    floored.overheads = {"tiny": {"spec": fields, "plain": {"forward": 1.0, "train": 3.0, "step": 0.05}}}
+    w = Workload(TINY, TINY, None, batch=4, prompt_len=100, gen_len=0)
+    one, four = CallAllocation((0,)), CallAllocation((0,), num_microbatches=4)
+    recompute = CallAllocation((0,), activation_checkpointing=True)
+    adam = 2 * 0.01
+
+    def price(profile: Profile, alloc: CallAllocation) -> float:
+        return call_seconds("actor_train", TINY, alloc, w, hardware("h200", 1, 1, profile)) - adam
+
+    assert (price(bare, one), price(bare, four), price(bare, recompute)) == pytest.approx((8.0, 8.0, 32 / 3))
+    step = 0.05 - adam
+    assert (price(floored, one), price(floored, four), price(floored, recompute)) == pytest.approx(
+        (8.0 + step, 12.0 + step, 32 / 3 + step)
+    )
