@@ -1,4 +1,5 @@
-"""Benchmark: time per phase of a realm PPO iteration, and end-to-end tokens/s against TRL's PPO.
+"""Benchmark: time per phase of a realm iteration (PPO, or ``--algorithm`` a critic-free one), and end-to-end
+tokens/s against TRL's PPOTrainer (``ppo``) or GRPOTrainer (``grpo``, ``dr_grpo``).
 
     .venv/bin/python bench/ppo_iteration.py --install-trl      # once, needs the package registry
     unshare -n bash -c 'ip link set lo up && .venv/bin/python bench/ppo_iteration.py --json bench/out/ppo_iteration.json'
@@ -8,6 +9,13 @@ The issue's two workloads, and the plan runtime against the pre-plan fixed place
     bench/ppo_iteration.py --json out/default.json --num-prompts 64 --samples-per-prompt 8 --placement-baseline
     bench/ppo_iteration.py --json out/smollm2.json --model smollm2-135m --num-prompts 16 --samples-per-prompt 4 \
         --max-new-tokens 256 --iterations 1 --trl-microbatch-rows 4
+
+GRPO against TRL's GRPOTrainer, the same two workloads with ``--algorithm grpo`` (realm runs ``algorithm=grpo``)::
+
+    bench/ppo_iteration.py --algorithm grpo --json out/grpo_default.json --iterations 3 --num-prompts 64 \
+        --samples-per-prompt 8
+    bench/ppo_iteration.py --algorithm grpo --json out/grpo_smollm2.json --model smollm2-135m --num-prompts 16 \
+        --samples-per-prompt 4 --max-new-tokens 256 --iterations 2 --trl-microbatch-rows 4
 
 One fixed workload, run twice in the same process tree one after the other (so both see the same
 machine load; the load average before and after each is recorded):
@@ -26,6 +34,13 @@ machine load; the load average before and after each is recorded):
    (``trl_value_clip``: no value clipping in either by default; the output says when the two value
    losses differ). TRL is installed with ``pip --no-deps --target .cache/bench-deps/trl-0.29.1``
    and put on that subprocess's PYTHONPATH only; the project's virtual environment never gets it.
+   With ``--algorithm grpo`` (or ``dr_grpo``): ``trl.GRPOTrainer`` (``bench/_trl_grpo.py``) with the same policy
+   and a reference copy, the same prompt token ids per iteration in the same order, samples per prompt
+   (``num_generations``), response length, temperature, generation with TRL's own ``transformers.generate``
+   (no vLLM), the same optimizer steps on the same number of rows (``trl_grpo_settings``: its
+   ``num_iterations``, ``steps_per_generation`` and gradient accumulation), KL coefficient (k3 in the loss),
+   loss aggregation, clip range and learning rate, and realm's grader as its reward function; the output lists
+   what differs. Other algorithms (rloo, reinforce_pp: the KL term in the reward) run realm alone.
 
 Tokens/s is end to end: generated tokens (up to and including EOS) over the wall time of whole
 PPO iterations, model loading and start-up excluded. Reported means are over the iterations after
@@ -85,8 +100,8 @@ critic and reference each on a device (a worker process) of its own."""
 PHASE_LABELS = {
     "generate": "generate",
     "reward": "reward",
-    "inference": "ref/critic inference (+ reward model, GAE: TRL)",
-    "train": "PPO epochs (actor + critic)",
+    "inference": "old/ref/critic logprobs and values (+ rewards, advantages: TRL)",
+    "train": "updates (actor, and critic with PPO)",
     "sync": "weight sync -> vLLM",
     "other": "other",
 }
@@ -156,6 +171,7 @@ def realm_config(args, extra: tuple[str, ...] = ()):
 
     register_configs()
     overrides = [
+        f"algorithm={args.algorithm}",
         f"rollout.num_prompts={args.num_prompts}",
         f"rollout.num_samples_per_prompt={args.samples_per_prompt}",
         f"rollout.max_new_tokens={args.max_new_tokens}",
@@ -175,8 +191,9 @@ def realm_config(args, extra: tuple[str, ...] = ()):
     return to_train_config(cfg), overrides
 
 
-def iteration_prompt_ids(cfg) -> list[list[list[int]]]:
-    """Per iteration, the prompt token ids realm rolls out, each repeated n times (realm's row order)."""
+def iteration_prompts(cfg) -> list[list[dict[str, Any]]]:
+    """Per iteration, the prompts realm rolls out, in its order: each prompt's token ids, gold answer and dataset
+    (what the grader needs), once per prompt (realm samples ``rollout.num_samples_per_prompt`` of each)."""
     from transformers import AutoTokenizer
 
     from models.registry import resolve_model_dir
@@ -188,7 +205,7 @@ def iteration_prompt_ids(cfg) -> list[list[list[int]]]:
     tok = AutoTokenizer.from_pretrained(resolve_model_dir(cfg.model))
     out = []
     for it in range(cfg.run.num_iterations):
-        rows = []
+        prompts = []
         for p in iteration_problems(train_problems, it, r.num_prompts, cfg.run.seed):
             ids = prompt_ids(
                 tok,
@@ -196,9 +213,16 @@ def iteration_prompt_ids(cfg) -> list[list[list[int]]]:
                 r.max_prompt_tokens,
                 f"problem {p.id}",
             )
-            rows += [ids] * r.num_samples_per_prompt
-        out.append(rows)
+            prompts.append({"ids": ids, "gold": p.answer, "dataset": p.dataset})
+        out.append(prompts)
     return out
+
+
+def iteration_prompt_ids(cfg, prompts: list[list[dict[str, Any]]]) -> list[list[list[int]]]:
+    """Per iteration, the prompt token ids of every rollout row: each prompt's ids repeated n times (realm's row
+    order)."""
+    n = cfg.rollout.num_samples_per_prompt
+    return [[p["ids"] for p in it for _ in range(n)] for it in prompts]
 
 
 def run_realm(cfg, run_dir: Path) -> dict:
@@ -304,31 +328,137 @@ def trl_value_clip(ppo) -> dict[str, Any]:
     return {"realm": mode, "trl_cliprange_value": ppo.value_clip_eps, "same_loss": mode == "raw", "note": note}
 
 
-def run_trl(cfg, prompts: list[list[list[int]]], work: Path, threads: int, microbatch_rows: int = 0) -> dict:
+TRL_TRAINERS = {"ppo": "PPOTrainer", "grpo": "GRPOTrainer", "dr_grpo": "GRPOTrainer"}
+"""realm's algorithm (``algorithm.name``) -> the TRL trainer this benchmark runs against it; others run realm alone."""
+
+
+def trl_grpo_settings(cfg, microbatch_rows: int = 0) -> dict[str, Any]:
+    """TRL's ``GRPOConfig`` for realm's critic-free algorithm on the benchmark workload, and where the two differ.
+
+    Raises ValueError naming the setting when GRPOTrainer cannot run the algorithm (a KL term in the reward, an
+    estimator other than a group mean). The update is laid out so that both take the same optimizer steps on
+    the same number of rows: TRL generates ``per_device_train_batch_size x steps_per_generation`` rows at once
+    (realm's prompts x samples), passes over them ``num_iterations`` times (realm's ``ppo.num_epochs``), and
+    steps its optimizer every ``gradient_accumulation_steps`` micro-batches, so each step takes one of realm's
+    ``ppo.num_minibatches`` minibatches; ``microbatch_rows`` (0: the whole minibatch) sets its micro-batch.
+
+    Worked example, the default run's workload (64 x 8 = 512 rows, 2 epochs x 4 minibatches of 128 rows), no
+    micro-batching: per_device_train_batch_size 128, gradient_accumulation_steps 1, steps_per_generation 4,
+    num_iterations 2: 8 optimizer steps of 128 rows each, as realm's.
+    """
+    from ppo.config import KLEstimator, KLPlacement, LossAgg
+    from ppo.critic_free import Estimator
+
+    a, p, r = cfg.algorithm, cfg.ppo, cfg.rollout
+    if a.estimator != Estimator.grpo:
+        raise ValueError(f"algorithm.estimator={a.estimator.value}: TRL's GRPOTrainer has group-mean baselines only")
+    if a.kl_coef != 0.0 and a.kl_in != KLPlacement.loss:
+        raise ValueError("algorithm.kl_in=reward: TRL's GRPOTrainer has its KL term in the loss only")
+    rows = r.num_prompts * r.num_samples_per_prompt
+    if rows % p.num_minibatches:
+        raise ValueError(f"{rows} rows do not split into ppo.num_minibatches={p.num_minibatches} equal minibatches")
+    minibatch = rows // p.num_minibatches
+    micro = microbatch_rows or minibatch
+    if minibatch % micro:
+        raise ValueError(f"--trl-microbatch-rows {micro} must divide the minibatch of {minibatch} rows")
+    loss_types = {
+        LossAgg.seq_mean_token_mean: "grpo",
+        LossAgg.token_mean: "bnpo",
+        LossAgg.seq_mean_token_sum_norm: "dr_grpo",
+    }
+    differs = [
+        "advantages: TRL divides by the group's unbiased std + 1e-4, realm by its population std (1 below 1e-4): "
+        f"TRL's are sqrt((n - 1) / n) = {((r.num_samples_per_prompt - 1) / r.num_samples_per_prompt) ** 0.5:.3f} "
+        "of realm's; a group of equal rewards gives 0 in both"
+        if a.group_std
+        else "advantages: reward minus the group mean in both (no std)",
+        "minibatch order: TRL shuffles a generation batch once and takes the same minibatches in each pass, "
+        "realm reshuffles every epoch",
+    ]
+    if micro != minibatch and a.loss_agg != LossAgg.seq_mean_token_sum_norm:
+        differs.append(
+            f"loss: TRL aggregates each {micro}-row micro-batch ({loss_types[a.loss_agg]}) and averages them, "
+            f"realm aggregates the whole {minibatch}-row minibatch"
+        )
+    if a.kl_coef != 0.0 and a.kl_estimator != KLEstimator.k3:
+        differs.append(f"KL: TRL's loss term is k3, realm's {a.kl_estimator.value}")
+    norm = a.loss_agg_num_tokens or r.max_new_tokens
+    if a.loss_agg == LossAgg.seq_mean_token_sum_norm and norm != r.max_new_tokens:
+        differs.append(f"loss: TRL's Dr. GRPO constant is max_completion_length {r.max_new_tokens}, realm's {norm}")
+    spec = {
+        "layout": {
+            "per_device_train_batch_size": micro,
+            "gradient_accumulation_steps": minibatch // micro,
+            "steps_per_generation": rows // micro,
+            "num_iterations": p.num_epochs,
+        },
+        "loss_type": loss_types[a.loss_agg],
+        "scale_rewards": "group" if a.group_std else "none",
+        "beta": a.kl_coef,
+        "clip_eps": p.clip_eps,
+        "lr": p.actor_lr,
+        "max_grad_norm": p.max_grad_norm,
+        "num_generations": r.num_samples_per_prompt,
+        "max_new_tokens": r.max_new_tokens,
+        "temperature": r.temperature,
+        "top_p": r.top_p,
+    }
+    same = (
+        f"{p.num_epochs} x {p.num_minibatches} optimizer steps of {minibatch} rows per iteration; loss "
+        f"{a.loss_agg.value} (TRL loss_type={spec['loss_type']}); KL beta {a.kl_coef}"
+        + (" (k3 in the loss)" if a.kl_coef else "")
+        + f"; clip {p.clip_eps}; lr {p.actor_lr}; reward: realm's grader (success)"
+    )
+    return {"trainer": "GRPOTrainer", "spec": spec, "same": same, "differs": differs}
+
+
+def trl_spec(cfg, prompts: list[list[dict[str, Any]]], work: Path, microbatch_rows: int) -> tuple[str, dict[str, Any]]:
+    """(the TRL script, its spec) for realm's algorithm; ValueError when this benchmark has no TRL counterpart."""
     from models.registry import resolve_model_dir
 
-    spec = {
+    common = {
         "model_dir": str(resolve_model_dir(cfg.model)),
         "dtype": cfg.model.dtype,
         "seed": cfg.run.seed,
-        "lr": cfg.ppo.actor_lr,
-        "num_epochs": cfg.ppo.num_epochs,
-        "num_minibatches": cfg.ppo.num_minibatches,
+        "output_dir": str(work / "trl-output"),
+    }
+    trainer = TRL_TRAINERS.get(cfg.algorithm.name)
+    if trainer == "GRPOTrainer":
+        settings = trl_grpo_settings(cfg, microbatch_rows)
+        return "_trl_grpo.py", {**common, **settings["spec"], "iterations": prompts}
+    if trainer != "PPOTrainer" or not cfg.algorithm.has_critic:
+        raise ValueError(
+            f"algorithm={cfg.algorithm.name}: no TRL counterpart in this benchmark (it has {TRL_TRAINERS})"
+        )
+    a, p = cfg.algorithm, cfg.ppo
+    return "_trl_ppo.py", {
+        **common,
+        "lr": p.actor_lr,
+        "num_epochs": p.num_epochs,
+        "num_minibatches": p.num_minibatches,
         "max_new_tokens": cfg.rollout.max_new_tokens,
         "temperature": cfg.rollout.temperature,
-        "kl_coef": cfg.ppo.kl_coef,
-        "gamma": cfg.ppo.gamma,
-        "lam": cfg.ppo.lam,
-        "clip_eps": cfg.ppo.clip_eps,
-        "cliprange_value": trl_value_clip(cfg.ppo)["trl_cliprange_value"],
-        "output_dir": str(work / "trl-output"),
-        "iteration_prompt_ids": prompts,
+        "kl_coef": a.kl_coef,
+        "gamma": a.gamma,
+        "lam": a.lam,
+        "clip_eps": p.clip_eps,
+        "cliprange_value": trl_value_clip(p)["trl_cliprange_value"],
+        "iteration_prompt_ids": iteration_prompt_ids(cfg, prompts),
         "microbatch_rows": microbatch_rows,
     }
+
+
+def run_trl(cfg, prompts: list[list[dict[str, Any]]], work: Path, threads: int, microbatch_rows: int = 0) -> dict:
+    """TRL's trainer for realm's algorithm (``TRL_TRAINERS``) in a subprocess on ``threads`` torch threads."""
+    try:
+        script, spec = trl_spec(cfg, prompts, work, microbatch_rows)
+    except ValueError as e:
+        return {"status": "skipped", "error": str(e)}
     spec_path, out_path = work / "trl_spec.json", work / "trl_result.json"
     spec_path.write_text(json.dumps(spec))
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(TRL_DIR), *filter(None, [env.get("PYTHONPATH")])])
+    # The TRL install first; the repository for the GRPO reward function (realm's grader).
+    env["PYTHONPATH"] = os.pathsep.join([str(TRL_DIR), str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     env["TRL_EXPERIMENTAL_SILENCE"] = "1"
     env["OMP_NUM_THREADS"] = str(threads)
     env["MKL_NUM_THREADS"] = str(threads)
@@ -336,7 +466,7 @@ def run_trl(cfg, prompts: list[list[list[int]]], work: Path, threads: int, micro
     env["TRANSFORMERS_VERBOSITY"] = "error"
     load_before = os.getloadavg()
     proc = subprocess.Popen(
-        [sys.executable, str(REPO / "bench" / "_trl_ppo.py"), str(spec_path), str(out_path)],
+        [sys.executable, str(REPO / "bench" / script), str(spec_path), str(out_path)],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -356,7 +486,7 @@ def run_trl(cfg, prompts: list[list[list[int]]], work: Path, threads: int, micro
         error = next((l for l in reversed(tail) if "Error" in l or "error" in l), tail[-1] if tail else "")
         return {
             "status": "error",
-            "error": f"TRL's PPO exited with rc {rc}: {error.strip()}",
+            "error": f"TRL's {TRL_TRAINERS[cfg.algorithm.name]} exited with rc {rc}: {error.strip()}",
             "output_tail": tail,
             "load_avg_before": load_before,
             "load_avg_after": load_after,
@@ -524,18 +654,30 @@ def summarize(part: dict, phases: tuple[str, ...]) -> None:
     part["tokens_per_s"] = part["tokens"] / sum(r["iteration_s"] for r in timed)
 
 
+def trl_label(result: dict) -> str:
+    """'TRL PPOTrainer', 'TRL GRPOTrainer' (results written before --algorithm: PPO)."""
+    return f"TRL {result['workload'].get('trl_trainer') or 'PPOTrainer'}"
+
+
 def print_table(result: dict) -> None:
     realm, trl = result["realm"], result["trl"]
     trl_ok = trl.get("status") == "ok"
     w = result["workload"]
     print()
     print(
-        f"workload: {w['num_prompts']} prompts x {w['samples_per_prompt']} samples = {w['rollouts']} rollouts, "
-        f"up to {w['max_new_tokens']} new tokens, {w['ppo_epochs']} PPO epochs x {w['minibatches']} minibatches, "
-        f"{w['iterations']} iterations (means over iterations {realm['timed_iterations']}), model {w['model']}"
+        f"workload: algorithm {w.get('algorithm', 'ppo')}, {w['num_prompts']} prompts x {w['samples_per_prompt']} "
+        f"samples = {w['rollouts']} rollouts, up to {w['max_new_tokens']} new tokens, {w['ppo_epochs']} epochs x "
+        f"{w['minibatches']} minibatches, {w['iterations']} iterations (means over iterations "
+        f"{realm['timed_iterations']}), model {w['model']}"
     )
-    print(f"value loss (ppo.value_clip={w['value_clip']['realm']}): {w['value_clip']['note']}")
-    print("| phase (s / iteration) | realm | TRL PPO |")
+    if "value_clip" in w:
+        print(f"value loss (ppo.value_clip={w['value_clip']['realm']}): {w['value_clip']['note']}")
+    settings = w.get("trl_settings") or {}
+    if settings.get("trainer"):
+        print(f"same in both: {settings['same']}")
+        for line in settings["differs"]:
+            print(f"differs: {line}")
+    print(f"| phase (s / iteration) | realm | {trl_label(result)} |")
     print("| --- | ---: | ---: |")
     for k in REALM_PHASES:
         t = f"{trl['mean_s'][k]:.2f}" if trl_ok and k in trl["mean_s"] else "-"
@@ -564,7 +706,7 @@ def print_table(result: dict) -> None:
     if trl_ok:
         print(f"ratio realm / TRL tokens/s: {result['ratio_realm_over_trl']:.2f}x")
     else:
-        print(f"TRL's PPO did not run: {trl.get('error')}")
+        print(f"{trl_label(result)} did not run: {trl.get('error')}")
     print(f"note: {result['note']}")
 
 
@@ -579,7 +721,7 @@ def plot(result: dict, path: Path) -> None:
     realm, trl = result["realm"], result["trl"]
     trl_ok = trl.get("status") == "ok"
     fig, (ax_p, ax_t) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
-    names = ["realm"] + (["TRL PPO"] if trl_ok else [])
+    names = ["realm"] + ([trl_label(result)] if trl_ok else [])
     parts = [realm] + ([trl] if trl_ok else [])
     colors = dict(zip(REALM_PHASES, plt.rcParams["axes.prop_cycle"].by_key()["color"]))
     for i, part in enumerate(parts):
@@ -593,9 +735,9 @@ def plot(result: dict, path: Path) -> None:
     ax_p.invert_yaxis()
     timed = realm.get("timed_iterations") or []
     ax_p.set_xlabel(
-        "seconds per PPO iteration (mean after the first)"
+        "seconds per iteration (mean after the first)"
         if len(timed) != 1 or timed[0] != 1
-        else "seconds of the one PPO iteration (warm-up included)"
+        else "seconds of the one iteration (warm-up included)"
     )
     ax_p.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=3)
     ax_p.set_title("time per phase")
@@ -614,7 +756,7 @@ def plot(result: dict, path: Path) -> None:
         else "realm alone"
     )
     fig.suptitle(
-        f"PPO iteration, {w['model']}, {w['rollouts']} rollouts x up to {w['max_new_tokens']} tokens: {verdict}",
+        f"{w.get('algorithm', 'ppo').upper()} iteration, {w['model']}, {w['rollouts']} rollouts x up to {w['max_new_tokens']} tokens: {verdict}",
         fontsize=10,
     )
     fig.tight_layout()
@@ -633,7 +775,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", help="output JSON path (PNG written next to it)")
     parser.add_argument("--install-trl", action="store_true", help=f"install TRL {TRL_VERSION} into {TRL_DIR} and exit")
-    parser.add_argument("--iterations", type=int, default=4, help="PPO iterations per trainer (the first is warm-up)")
+    parser.add_argument("--iterations", type=int, default=4, help="iterations per trainer (the first is warm-up)")
+    parser.add_argument(
+        "--algorithm",
+        default="ppo",
+        help="realm's algorithm (configs/algorithm/); TRL runs PPOTrainer for ppo, GRPOTrainer for grpo and "
+        "dr_grpo, nothing for the others",
+    )
     parser.add_argument("--num-prompts", type=int, default=16)
     parser.add_argument("--samples-per-prompt", type=int, default=4)
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -676,6 +824,13 @@ def main(argv: list[str] | None = None) -> None:
         help="leave out the fixed per-call cost (it deploys the plan a second time: Ray and vLLM start-up)",
     )
     args = parser.parse_args(argv)
+    algorithms = sorted(p.stem for p in (REPO / "configs" / "algorithm").glob("*.yaml"))
+    if args.algorithm not in algorithms:
+        from common.cli import did_you_mean, fail
+
+        fail(
+            f"--algorithm {args.algorithm}: not one of {', '.join(algorithms)}{did_you_mean(args.algorithm, algorithms)}"
+        )
     if args.install_trl:
         install_trl()
         return
@@ -695,6 +850,14 @@ def main(argv: list[str] | None = None) -> None:
             _log(f"no plot {path.name}: {e}")
 
 
+def _grpo_settings_or_reason(cfg, args) -> dict[str, Any]:
+    try:
+        settings = trl_grpo_settings(cfg, args.trl_microbatch_rows)
+    except ValueError as e:
+        return {"trainer": None, "why_not": str(e)}
+    return {k: settings[k] for k in ("trainer", "same", "differs")} | {"layout": settings["spec"]["layout"]}
+
+
 def describe_workload(cfg, overrides: list[str], args, trl_threads: int) -> dict[str, Any]:
     return {
         "model": cfg.model.name,
@@ -708,7 +871,10 @@ def describe_workload(cfg, overrides: list[str], args, trl_threads: int) -> dict
         "ppo_epochs": cfg.ppo.num_epochs,
         "minibatches": cfg.ppo.num_minibatches,
         "iterations": cfg.run.num_iterations,
-        "value_clip": trl_value_clip(cfg.ppo),
+        "algorithm": cfg.algorithm.name,
+        "trl_trainer": TRL_TRAINERS.get(cfg.algorithm.name),
+        **({"value_clip": trl_value_clip(cfg.ppo)} if cfg.algorithm.has_critic else {}),
+        **({"trl_settings": _grpo_settings_or_reason(cfg, args)} if not cfg.algorithm.has_critic else {}),
         "realm_overrides": overrides,
         "cpu_count": os.cpu_count(),
         "realm_threads": cfg.cluster.num_cpus,
@@ -725,7 +891,7 @@ def run_benchmark(args) -> dict[str, Any]:
     # TRL on as many threads as realm's workers use in total: Ray's CPUs, one worker thread per core.
     trl_threads = args.trl_threads or cfg.cluster.num_cpus
     workload = describe_workload(cfg, overrides, args, trl_threads)
-    prompts = iteration_prompt_ids(cfg)
+    prompts = iteration_prompts(cfg)
     trl_error = None
     if not args.skip_trl:
         try:
@@ -746,13 +912,14 @@ def run_benchmark(args) -> dict[str, Any]:
         elif trl_error:
             trl = {"status": "error", "error": trl_error}
         else:
-            _log(f"[2/2] TRL {TRL_VERSION} PPOTrainer, same workload, {trl_threads} torch thread(s)")
+            trainer = TRL_TRAINERS.get(cfg.algorithm.name, "no trainer")
+            _log(f"[2/2] TRL {TRL_VERSION} {trainer}, same workload, {trl_threads} torch thread(s)")
             trl = run_trl(cfg, prompts, work, trl_threads, args.trl_microbatch_rows)
             if trl["status"] == "ok":
                 summarize(trl, TRL_PHASES)
                 _log(f"TRL: {trl['tokens_per_s']:.1f} tokens/s, {trl['mean_s']['iteration_s']:.2f} s/iteration")
             else:
-                _log(f"TRL failed: {trl['error']}")
+                _log(f"TRL did not run ({trl['status']}): {trl['error']}")
     after = measure_peaks()  # best of both: the peak is what the cores do when they are free
     for key in ("one_thread_gflops", "all_threads_gflops"):
         flops["peaks"][key] = max(peaks[key], after[key])
@@ -798,7 +965,7 @@ def run_realm_accounted(args, cfg, work: Path, peaks: dict, prompts) -> tuple[di
     flops["empty_calls"] = empty
     timed = realm["timed_iterations"]
     generated = realm["tokens"] / len(timed)
-    gen_prompts = [row for i in timed for row in prompts[i - 1]]
+    gen_prompts = [row for i in timed for row in iteration_prompt_ids(cfg, prompts)[i - 1]]
     gen = generation_flops(cfg, gen_prompts, generated * len(timed))
     gen = {k: v / len(timed) for k, v in gen.items()}
     seconds = realm["mean_call_s"].get("actor_gen", 0.0)

@@ -134,3 +134,101 @@ def test_an_infinite_trl_value_clip_range_is_realms_plain_regression():
     # (1 + 0.25 + 9 + 16 + 2.25) / 5 / 2 = 2.85
     assert float(trl) == pytest.approx(2.85) and float(realm) == pytest.approx(2.85)
     assert float(stats.clip_frac) == 0.0
+
+
+def _cfg(algorithm: str, num_prompts: int = 64, samples: int = 8, max_new_tokens: int = 48):
+    import argparse
+
+    args = argparse.Namespace(
+        algorithm=algorithm,
+        num_prompts=num_prompts,
+        samples_per_prompt=samples,
+        max_new_tokens=max_new_tokens,
+        iterations=3,
+        heldout_limit=8,
+        model="",
+        realm_override=[],
+    )
+    cfg, overrides = ppo_iteration.realm_config(args)
+    assert overrides[0] == f"algorithm={algorithm}"
+    return cfg
+
+
+def test_trl_grpo_takes_realms_optimizer_steps_on_realms_rows():
+    """The default run's workload: 64 x 8 = 512 rows, 2 epochs x 4 minibatches of 128 rows. TRL generates
+    per_device_train_batch_size x steps_per_generation = 512 rows, passes over them num_iterations = 2 times and
+    steps every gradient_accumulation_steps = 1 micro-batch: 2 x 4 / 1 = 8 steps of 128 rows, as realm."""
+    s = ppo_iteration.trl_grpo_settings(_cfg("grpo"))
+    assert s["trainer"] == "GRPOTrainer"
+    assert s["spec"]["layout"] == {
+        "per_device_train_batch_size": 128,
+        "gradient_accumulation_steps": 1,
+        "steps_per_generation": 4,
+        "num_iterations": 2,
+    }
+    assert (s["spec"]["loss_type"], s["spec"]["scale_rewards"], s["spec"]["beta"]) == ("grpo", "group", 0.04)
+    assert s["spec"]["num_generations"] == 8 and s["spec"]["max_new_tokens"] == 48
+    # SmolLM2's workload in 4-row micro-batches: 64 rows, minibatches of 16 = 4 micro-batches per step.
+    s = ppo_iteration.trl_grpo_settings(_cfg("grpo", 16, 4, 256), microbatch_rows=4)
+    layout = s["spec"]["layout"]
+    assert layout == {
+        "per_device_train_batch_size": 4,
+        "gradient_accumulation_steps": 4,
+        "steps_per_generation": 16,
+        "num_iterations": 2,
+    }
+    assert layout["num_iterations"] * layout["steps_per_generation"] // layout["gradient_accumulation_steps"] == 8
+    assert any("micro-batch" in d for d in s["differs"])  # TRL's grpo loss is a mean of micro-batch means
+    with pytest.raises(ValueError, match="must divide the minibatch of 16 rows"):
+        ppo_iteration.trl_grpo_settings(_cfg("grpo", 16, 4, 256), microbatch_rows=3)
+
+
+def test_trl_grpo_runs_dr_grpo_and_no_algorithm_with_kl_in_the_reward():
+    s = ppo_iteration.trl_grpo_settings(_cfg("dr_grpo"))
+    assert (s["spec"]["loss_type"], s["spec"]["scale_rewards"], s["spec"]["beta"]) == ("dr_grpo", "none", 0.0)
+    for name, why in (("rloo", "group-mean baselines only"), ("reinforce_pp", "group-mean baselines only")):
+        with pytest.raises(ValueError, match=why):
+            ppo_iteration.trl_grpo_settings(_cfg(name))
+
+
+def test_trl_grpo_loss_terms_are_realms():
+    """TRL 0.29.1's GRPO loss (written out from grpo_trainer._compute_loss, loss_type="grpo"): per token
+    -min(r A, clip(r) A) + beta (exp(ref - logp) - (ref - logp) - 1), then the mean over responses of each
+    response's token mean. Realm's: policy_loss aggregated seq_mean_token_mean plus beta x the k3 estimate
+    aggregated the same way. Same rows, same numbers."""
+    import torch
+
+    from ppo.config import KLEstimator, LossAgg
+    from ppo.kl import kl_estimate
+    from ppo.losses import Denominators, aggregate, policy_loss
+
+    logp = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]])
+    old = torch.tensor([[-1.1, -0.5, -1.5], [-0.3, -1.0, 0.0]])
+    ref = torch.tensor([[-0.9, -0.7, -2.0], [-0.5, -1.2, 0.0]])
+    adv = torch.tensor([[1.0], [-0.5]]).expand(2, 3)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    beta, eps = 0.04, 0.2
+    r = torch.exp(logp - old)
+    trl_token = -torch.min(r * adv, torch.clamp(r, 1 - eps, 1 + eps) * adv)
+    trl_token = trl_token + beta * (torch.exp(ref - logp) - (ref - logp) - 1)
+    trl = ((trl_token * mask).sum(-1) / mask.sum(-1)).mean()
+    den = Denominators(mask.sum(), torch.tensor(2.0))
+    pg, _ = policy_loss(logp, old, adv, mask, eps, agg=LossAgg.seq_mean_token_mean, den=den)
+    kl = aggregate(kl_estimate(logp, ref, mask, KLEstimator.k3), mask, LossAgg.seq_mean_token_mean, den)
+    assert float(pg + beta * kl) == pytest.approx(float(trl), rel=1e-6)
+
+
+def test_trl_grpo_advantages_are_realms_times_the_bessel_factor():
+    """One group of 4 with rewards [1, 0, 0, 0]: realm (ppo.critic_free) divides 0.75 by the population std
+    0.433 -> 1.732; TRL by the unbiased std 0.5 (+ 1e-4) -> 1.4997: sqrt(3 / 4) = 0.866 of realm's, as the
+    benchmark's 'differs' line says."""
+    import torch
+
+    from ppo.critic_free import Estimator, critic_free_advantages
+
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0])
+    realm = critic_free_advantages(rewards[:, None], torch.ones(4, 1), torch.zeros(4), Estimator.grpo).advantages[:, 0]
+    trl = (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+    assert float(realm[0]) == pytest.approx(3**0.5, rel=1e-6) and float(trl[0]) == pytest.approx(0.75 / 0.5001)
+    assert float(trl[0] / realm[0]) == pytest.approx((3 / 4) ** 0.5, rel=1e-3)
+    assert "0.866" in ppo_iteration.trl_grpo_settings(_cfg("grpo", 16, 4, 256))["differs"][0]
