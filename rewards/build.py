@@ -24,7 +24,8 @@ from rewards.eta import eta_for_zero_fraction, zero_fraction
 from rewards.refine import refine_batched
 from rewards.reward_model import Body, RewardModel, RewardModelError, load_reward_model
 from rewards.segment import SegmentedResponse, Step, segment_response
-from rewards.types import RewardBatch, RewardFn, RewardSample
+from rewards.types import RewardBatch, RewardFn, RewardSample, function_metrics
+from rewards.user_fn import FunctionRef, UserRewardFunction, check_value
 
 __all__ = [
     "RewardBatch",
@@ -120,8 +121,10 @@ class ShapedReward:
         policy_tokenizer,
         reward_model: StepScorer | OutcomeScorer | None = None,
         grade_fn: GradeFn | Callable[..., list[Any]] | None = None,
+        user_fn: UserRewardFunction | None = None,
     ):
-        if cfg.kind != RewardKind.success and reward_model is None:
+        """``user_fn``: the user's reward function (``reward.function``; built here from the config when None)."""
+        if cfg.has_model and reward_model is None:
             raise RewardModelError(f"reward.kind={cfg.kind.value} needs a reward model")
         self.cfg = cfg
         self.tokenizer = policy_tokenizer
@@ -130,17 +133,26 @@ class ShapedReward:
         self.eta = cfg.eta
         self.alpha = cfg.alpha
         self._calibrate = cfg.eta_zero_fraction is not None or cfg.alpha_matched_to is not None
+        if user_fn is None and cfg.function:
+            user_fn = UserRewardFunction(FunctionRef.parse(cfg.function), cfg.function_timeout_s, cfg.function_batched)
+        self.user_fn = user_fn
+        self.function_eta: float | None = None
+        """Clip's threshold for the function's step rewards (calibrated on its first ones, as eta is)."""
 
     def calibration(self) -> dict[str, float]:
-        """What the first call calibrated (Clip's eta, the control's alpha): a resumed run or another
-        replica loads it with ``set_calibration`` so that every call uses the first rollouts' values."""
-        return {"eta": self.eta, "alpha": self.alpha}
+        """What the first call calibrated (Clip's eta, the control's alpha, the function's eta): a resumed run
+        or another replica loads it with ``set_calibration`` so that every call uses the first rollouts'."""
+        out = {"eta": self.eta, "alpha": self.alpha}
+        if self.function_eta is not None:
+            out["function_eta"] = self.function_eta
+        return out
 
     def set_calibration(self, state: dict[str, float]) -> None:
         """Fix eta and alpha (turns off calibration on the first call)."""
         if not 0.0 <= state["eta"] <= 1.0:
             raise ValueError(f"eta={state['eta']}: must lie in [0, 1]")
         self.eta, self.alpha, self._calibrate = state["eta"], state["alpha"], False
+        self.function_eta = state.get("function_eta", self.function_eta)
 
     def __call__(self, samples: Sequence[RewardSample]) -> RewardBatch:
         cfg = self.cfg
@@ -163,30 +175,15 @@ class ShapedReward:
             step_scores = self._score_steps(samples, segments)
             step_rewards = self._prm_step_rewards(step_scores, step_mask, metrics)
             learned = step_rewards.sum(dim=1)
-
-        token_rewards = place_token_rewards(
-            lengths,
-            success + learned * (cfg.kind == RewardKind.orm),
-            step_rewards,
-            step_end_index,
-            step_mask,
-            num_tokens,
-        )
-        if cfg.kind != RewardKind.success and batch:
-            # How much of the batch the learned reward reaches at all: Clip-Delta leaves most steps at exactly 0.
-            metrics["reward/nonzero_response_fraction"] = float((learned != 0).float().mean())
-            if cfg.kind == RewardKind.prm and step_mask.any():
-                metrics["reward/nonzero_step_fraction"] = float((step_rewards[step_mask] != 0).float().mean())
+        final = success * (cfg.kind != RewardKind.function) + learned * (cfg.kind == RewardKind.orm)
+        values = None
+        if self.user_fn is not None:
+            values, fn_final, fn_steps = self._function_rewards(samples, segments, step_mask)
+            final, step_rewards = final + fn_final, step_rewards + fn_steps
+            metrics.update(function_metrics(self.user_fn.name, values))
+        token_rewards = place_token_rewards(lengths, final, step_rewards, step_end_index, step_mask, num_tokens)
         if batch:
-            metrics.update(
-                {
-                    "reward/success": float(success.mean()),
-                    "reward/learned": float(learned.mean()),
-                    "reward/learned_std": float(learned.std(correction=0)),
-                    "reward/num_steps": float(num_steps.float().mean()),
-                    "reward/response_tokens": float(lengths.float().mean()),
-                }
-            )
+            metrics.update(self._batch_metrics(success, learned, step_rewards, step_mask, num_steps, lengths))
         return RewardBatch(
             token_rewards=token_rewards,
             success=success,
@@ -195,7 +192,82 @@ class ShapedReward:
             num_steps=num_steps,
             extracted=[g.extracted for g in graded],
             metrics=metrics,
+            function_values=values,
+            function_name=None if self.user_fn is None else self.user_fn.name,
         )
+
+    def _batch_metrics(
+        self,
+        success: torch.Tensor,
+        learned: torch.Tensor,
+        step_rewards: torch.Tensor,
+        step_mask: torch.Tensor,
+        num_steps: torch.Tensor,
+        lengths: torch.Tensor,
+    ) -> dict[str, float]:
+        metrics = {
+            "reward/success": float(success.mean()),
+            "reward/learned": float(learned.mean()),
+            "reward/learned_std": float(learned.std(correction=0)),
+            "reward/num_steps": float(num_steps.float().mean()),
+            "reward/response_tokens": float(lengths.float().mean()),
+        }
+        if self.cfg.has_model:
+            # How much of the batch the learned reward reaches at all: Clip-Delta leaves most steps at exactly 0.
+            metrics["reward/nonzero_response_fraction"] = float((learned != 0).float().mean())
+            if self.cfg.kind == RewardKind.prm and step_mask.any():
+                metrics["reward/nonzero_step_fraction"] = float((step_rewards[step_mask] != 0).float().mean())
+        return metrics
+
+    def _function_rewards(
+        self, samples: Sequence[RewardSample], segments: Sequence[SegmentedResponse], step_mask: torch.Tensor
+    ) -> tuple[list[float | list[float]], torch.Tensor, torch.Tensor]:
+        """The user's function on every response: its values as returned, its weighted outcome part [B] and its
+        weighted, refined per-step part [B, S] (refined as this option refines PRM scores, with its own eta)."""
+        cfg, fn = self.cfg, self.user_fn
+        assert fn is not None
+        calls = [
+            (
+                s.question,
+                s.response_text,
+                s.gold,
+                {
+                    "problem_id": s.problem_id,
+                    "dataset": s.dataset,
+                    "prompt_text": s.prompt_text,
+                    "steps": seg.contents,
+                    "truncated": s.truncated,
+                },
+            )
+            for s, seg in zip(samples, segments)
+        ]
+        ids = [s.problem_id or f"#{i}" for i, s in enumerate(samples)]
+        raw = fn(calls, ids)
+        values = [check_value(v, seg.num_steps, fn.ref, pid) for v, seg, pid in zip(raw, segments, ids)]
+        final = torch.tensor([v if isinstance(v, float) else 0.0 for v in values])
+        per_step = torch.zeros(step_mask.shape)
+        is_list = torch.tensor([isinstance(v, list) for v in values], dtype=torch.bool)
+        for b, v in enumerate(values):
+            if isinstance(v, list) and v:
+                per_step[b, : len(v)] = torch.tensor(v)
+        lists = [v for v in values if isinstance(v, list)]
+        refined = self._refine_function_steps(per_step, step_mask & is_list[:, None], lists)
+        return values, cfg.function_weight * final, cfg.function_weight * refined
+
+    def _refine_function_steps(
+        self, per_step: torch.Tensor, mask: torch.Tensor, lists: list[list[float]]
+    ) -> torch.Tensor:
+        """The option's refinement of the function's step values [B, S] where ``mask`` (responses it returned a
+        list for); Clip's threshold read off its first step values as ``eta_zero_fraction`` says, else reward.eta."""
+        cfg = self.cfg
+        clipped = cfg.refinement in (Refinement.clip, Refinement.clip_delta)
+        if clipped and self.function_eta is None:
+            fraction = cfg.eta_zero_fraction
+            self.function_eta = (
+                eta_for_zero_fraction(lists, fraction) if fraction is not None and any(lists) else cfg.eta
+            )
+        eta = cfg.eta if self.function_eta is None else self.function_eta
+        return refine_batched(per_step, mask, cfg.refinement, eta)
 
     def run_reward_model(self, samples: Sequence[RewardSample]) -> None:
         """The reward model's part of ``__call__`` alone, on the same inputs, results dropped: the
@@ -341,7 +413,7 @@ def build_reward_fn(
     """Load what ``cfg`` needs (a missing or mismatched reward model fails here, before any rollout);
     ``shard``, ``num_microbatches``, ``compute_dtype``, ``on_host``: how to shard the reward model, split
     its calls, in which dtype it loads and whether it starts in host memory (``load_reward_model``)."""
-    if cfg.kind == RewardKind.success:
+    if not cfg.has_model:
         return ShapedReward(cfg, policy_tokenizer)
     model_dir = resolve_reward_model(cfg.model.path)
     reward_model: RewardModel = load_reward_model(

@@ -26,6 +26,8 @@ class RewardKind(Enum):
     """success + alpha * ORM(q, s) on the final token."""
     prm = "prm"
     """success + alpha * refined PRM step rewards on each step's last token."""
+    function = "function"
+    """The user's function alone (``reward.function``; no success reward on the tokens, success still logged)."""
 
 
 class Refinement(Enum):
@@ -115,14 +117,33 @@ class RewardConfig:
     """Where the policy's response is cut into steps. Must match how the PRM was trained (checked
     against realm_rm.json when the model has one)."""
     model: RewardModelConfig = field(default_factory=RewardModelConfig)
+    function: str = ""
+    """``FILE.py:NAME``: a reward function of the user's own (rewards/user_fn.py has its contract), added to
+    this option's reward with ``function_weight`` (``+reward=function``: it alone). It returns a float (on the
+    last token, as the success reward) or a list with one float per step (on each step's last token, refined
+    as this option refines PRM scores)."""
+    function_weight: float = 1.0
+    function_timeout_s: float = 10.0
+    """The most one call of the function may take; past it the run stops with one line naming it."""
+    function_batched: bool = False
+    """The function takes lists (prompts, responses, answers, metadatas) and returns a list: one call per chunk
+    of responses instead of one per response."""
+
+    @property
+    def has_model(self) -> bool:
+        """A learned reward model (ORM or PRM) is part of this reward."""
+        return self.kind in (RewardKind.orm, RewardKind.prm)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.eta <= 1.0:
             raise ValueError(f"reward.eta={self.eta}: must lie in [0, 1]")
-        if self.kind != RewardKind.success and not self.model.path:
+        if self.has_model and not self.model.path:
             raise ValueError(f"reward.kind={self.kind.value} needs reward.model.path (an HF dir or builtin:...)")
-        if self.kind != RewardKind.prm and self.refinement != Refinement.none:
-            raise ValueError(f"reward.refinement={self.refinement.value} only applies to reward.kind=prm")
+        if self.kind not in (RewardKind.prm, RewardKind.function) and self.refinement != Refinement.none:
+            raise ValueError(
+                f"reward.refinement={self.refinement.value} only applies to reward.kind=prm (and a per-step reward.function)"
+            )
+        self._check_function()
         if not self.step_delimiter:
             raise ValueError("reward.step_delimiter must be a non-empty string")
         clipped = (Refinement.clip, Refinement.clip_delta)
@@ -150,3 +171,13 @@ class RewardConfig:
             raise ValueError(
                 "reward.model.readout=seq_cls gives one score per response; reward.kind=prm needs value_head or step_tag"
             )
+
+    def _check_function(self) -> None:
+        if self.function:
+            from rewards.user_fn import FunctionRef
+
+            FunctionRef.parse(self.function)
+        elif self.kind == RewardKind.function:
+            raise ValueError("+reward=function needs reward.function=FILE.py:NAME (rewards/user_fn.py: the contract)")
+        if not self.function_timeout_s > 0:
+            raise ValueError(f"reward.function_timeout_s={self.function_timeout_s}: must be > 0")

@@ -23,6 +23,10 @@ class RewardSample:
     """What the grader reads (the same decode the evaluation uses)."""
     response_token_ids: list[int]
     """As generated, possibly truncated (no EOS: the grader decides whether it still counts as correct)."""
+    problem_id: str = ""
+    """The problem's id (named in a user reward function's errors, passed in its metadata)."""
+    truncated: bool = False
+    """The response hit the token cap."""
 
 
 @dataclass
@@ -43,6 +47,28 @@ class RewardBatch:
     """The grader's extracted final answers."""
     metrics: dict[str, float] = field(default_factory=dict)
     """Batch means to log: reward/success, reward/num_steps, reward/learned, reward/step_score, reward/eta, ..."""
+    function_values: list[float | list[float]] | None = None
+    """The user reward function's value per response as it returned it (a float, or one per step), unweighted;
+    None without one (``reward.function``)."""
+    function_name: str | None = None
+    """The user reward function's name (its metrics are ``reward/<name>``)."""
+
+
+def function_metrics(name: str, values: Sequence[float | list[float]]) -> dict[str, float]:
+    """``reward/<name>``: the mean over responses of each response's value (a per-step one summed), and
+    ``reward/<name>_nonzero_fraction``: the fraction of values (responses, or steps) that are not 0.
+    Worked example: 1.0, [0.5, 0.0] and 0.0 -> mean (1 + 0.5 + 0) / 3 = 0.5, 2 of 4 values non-zero -> 0.5."""
+    flat = [x for v in values for x in (v if isinstance(v, list) else [v])]
+    totals = [sum(v) if isinstance(v, list) else v for v in values]
+    return {
+        f"reward/{name}": sum(totals) / max(len(totals), 1),
+        f"reward/{name}_nonzero_fraction": sum(x != 0 for x in flat) / max(len(flat), 1),
+    }
+
+
+class RewardFunctionError(RuntimeError):
+    """A user reward function failed (an exception, a timeout, a non-finite value, a list of the wrong length,
+    a file or name that is not there): the run stops with this one-line message."""
 
 
 class RewardFn(Protocol):
@@ -78,6 +104,11 @@ def merge_reward_batches(parts: Sequence[RewardBatch]) -> RewardBatch:
     learned = torch.cat([p.learned for p in parts])
     if "reward/learned_std" in metrics:  # a spread is not a mean: recomputed over all responses
         metrics["reward/learned_std"] = float(learned.std(correction=0))
+    values = [p.function_values for p in parts]
+    function_values = None if any(v is None for v in values) else [x for v in values for x in v or []]
+    name = parts[0].function_name
+    if function_values is not None and name is not None:  # means over values, not over parts: recomputed
+        metrics.update(function_metrics(name, function_values))
     return RewardBatch(
         token_rewards=torch.cat(padded),
         success=torch.cat([p.success for p in parts]),
@@ -86,4 +117,6 @@ def merge_reward_batches(parts: Sequence[RewardBatch]) -> RewardBatch:
         num_steps=torch.cat([p.num_steps for p in parts]),
         extracted=[e for p in parts for e in p.extracted],
         metrics=metrics,
+        function_values=function_values,
+        function_name=name,
     )

@@ -482,11 +482,12 @@ class DevicePool:
         return (fn.options(num_returns=num_returns) if num_returns != 1 else fn).remote(method, *args, **kwargs)
 
     def wait(self, futures: Sequence[Any]) -> list[Any]:
-        """Results of ``submit`` futures, in order; ``ActorLost`` when one failed because its actor died."""
+        """Results of ``submit`` futures, in order; ``ActorLost`` when one failed because its actor died, and a
+        user reward function's ``RewardFunctionError`` as itself (its one line says what went wrong)."""
         try:
             return wait(futures)
         except ray.exceptions.RayError as e:  # a dead actor, a peer failing with it, an OOM kill
-            raise self._lost(e) from None
+            raise _reported(e) or self._lost(e) from None
 
     def wait_any(self, futures: Sequence[Any]) -> list[Any]:
         """Block until at least one of ``futures`` is ready; the ready ones. A ready one that failed
@@ -496,7 +497,7 @@ class DevicePool:
         try:
             ray.get(ready, timeout=0)
         except ray.exceptions.RayError as e:  # a dead actor, a peer failing with it, an OOM kill
-            raise self._lost(e) from None
+            raise _reported(e) or self._lost(e) from None
         return ready
 
     def _lost(self, error: Exception) -> Exception:
@@ -528,6 +529,15 @@ class DevicePool:
             ray.kill(actor)
         for pg in self.groups:
             remove_placement_group(pg)
+
+
+def _reported(error: Exception) -> Exception | None:
+    """The error a call raised on purpose for the user to read (a user reward function's), unwrapped from Ray's
+    task error; None for anything else."""
+    from rewards.types import RewardFunctionError
+
+    cause = getattr(error, "cause", None)
+    return cause if isinstance(error, ray.exceptions.RayTaskError) and isinstance(cause, RewardFunctionError) else None
 
 
 def wait(futures: Sequence[Any]) -> list[Any]:

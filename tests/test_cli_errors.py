@@ -33,6 +33,17 @@ PROBES = [
     ([TRAIN, "algorithm=grpoo"], "algorithm=grpoo: no option 'grpoo' for algorithm (configs/algorithm/) (did you mean grpo"),
     ([TRAIN, "ppo.kl_coef=0.1"], "unknown config key ppo.kl_coef (now algorithm.kl_coef)"),
     ([TRAIN, "algorithm=rloo", "rollout.num_samples_per_prompt=1"], "needs rollout.num_samples_per_prompt >= 2"),
+    ([TRAIN, "reward.function=rewards.py"], "reward.function='rewards.py': expected FILE.py:NAME"),
+    ([TRAIN, "+reward=function"], "+reward=function needs reward.function=FILE.py:NAME"),
+    ([TRAIN, "reward.function=nowhere.py:f"], "reward.function=nowhere.py:f: no such file"),
+    (
+        [TRAIN, "run.dry_run=true", f"reward.function={ROOT}/examples/reward_functions.py:boxed_formt"],
+        "reward function: reward.function=",
+    ),
+    (
+        [TRAIN, "run.dry_run=true", f"reward.function={ROOT}/examples/reward_functions.py:boxed_formt"],
+        "has no function 'boxed_formt' (did you mean boxed_format?)",
+    ),
     ([TRAIN, "ppo.clip_eps=abc"], "ppo.clip_eps=abc: Value 'abc' of type 'str' could not be converted to Float"),
     ([TRAIN, "+ppo.clip_eps=0.3"], "ppo.clip_eps is already in the config; set it without the +"),
     ([TRAIN, "-m", "run.seed=0,1", "+reward=success,prmm"], "no option 'prmm' for reward"),

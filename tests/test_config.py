@@ -28,6 +28,7 @@ def test_option_lists_are_complete():
     # The six options of the reward paper, and the hacking study's two controls (raw PRM at Clip-Delta's
     # spread, Clip-Delta at raw PRM's).
     assert REWARDS == [
+        "function",
         "orm",
         "prm",
         "prm_alpha_matched",
@@ -57,8 +58,11 @@ def test_default_is_success_only():
 @pytest.mark.parametrize("reward", REWARDS)
 def test_every_reward_composes_with_every_model(reward, model):
     # A hub policy needs a real reward model (the synthetic built-ins are refused: tests/trainer/test_run_config.py).
-    real_rm = ["reward.model.path=/models/rm"] if reward != "success" and model.startswith("qwen") else []
-    cfg = _compose([f"+reward={reward}", f"model={model}", *real_rm])
+    real_rm = (
+        ["reward.model.path=/models/rm"] if reward not in ("success", "function") and model.startswith("qwen") else []
+    )
+    fn = ["reward.function=examples/reward_functions.py:boxed_format"] if reward == "function" else []
+    cfg = _compose([f"+reward={reward}", f"model={model}", *real_rm, *fn])
     assert isinstance(cfg, TrainConfig)
     assert cfg.model.name == model
     expected = {
@@ -70,6 +74,7 @@ def test_every_reward_composes_with_every_model(reward, model):
         "prm_clip_delta": (RewardKind.prm, Refinement.clip_delta),
         "prm_alpha_matched": (RewardKind.prm, Refinement.none),  # the hacking study's controls
         "prm_clip_delta_matched": (RewardKind.prm, Refinement.clip_delta),
+        "function": (RewardKind.function, Refinement.none),  # the user's function alone
     }[reward]
     assert (cfg.reward.kind, cfg.reward.refinement) == expected
     matched = {"prm_alpha_matched": Refinement.clip_delta, "prm_clip_delta_matched": Refinement.none}
@@ -112,10 +117,11 @@ def test_unknown_reward_option_names_it():
 
 @pytest.mark.parametrize("reward", REWARDS)
 def test_experiments_compose_with_every_reward(reward):
-    mini = _compose(["experiment=mini_repro", f"+reward={reward}"])
+    fn = ["reward.function=examples/reward_functions.py:boxed_format"] if reward == "function" else []
+    mini = _compose(["experiment=mini_repro", f"+reward={reward}", *fn])
     assert mini.model.name == "tiny" and mini.run.num_iterations == 16
     real_rm = ["reward_models.prm.path=/models/prm", "reward_models.orm.path=/models/orm"]
-    qwen = _compose(["experiment=reward_paper_1.5b", f"+reward={reward}", *real_rm])
+    qwen = _compose(["experiment=reward_paper_1.5b", f"+reward={reward}", *real_rm, *fn])
     assert qwen.model.name == "qwen2.5-math-1.5b-instruct" and qwen.cluster.backend == "nccl"
     assert qwen.data.name == "math_train" and qwen.ppo.actor_lr == 1e-6
 

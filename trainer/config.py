@@ -195,7 +195,7 @@ def check_reward_model(cfg: TrainConfig) -> None:
 
     path = cfg.reward.model.path
     # Only hub/HF-directory policies: the tiny model and the packaged SmolLM2 run the synthetic task the built-ins know.
-    if cfg.reward.kind == RewardKind.success or path not in BUILTIN_REWARD_MODELS or cfg.model.source != ModelSource.hf:
+    if not cfg.reward.has_model or path not in BUILTIN_REWARD_MODELS or cfg.model.source != ModelSource.hf:
         return
     hint = PUBLIC_ORM_HINT if cfg.reward.kind == RewardKind.orm else PUBLIC_PRM_HINT
     raise ValueError(

@@ -33,7 +33,7 @@ from common.files import atomic_build_dir, atomic_write_text, is_complete
 from mathtask.data import Problem, load_problems
 from models.registry import cache_root, max_context, resolve_model_dir
 from ppo.advantages import explained_variance, masked_mean
-from rewards.config import RewardKind
+from rewards.types import RewardFunctionError
 from runtime.device.reward import RewardShard
 from runtime.device.shards import CriticShard, PolicyShard
 from runtime.topology import Role
@@ -134,7 +134,7 @@ def warm_start(cfg: TrainConfig, base_dir: Path, train: list[Problem]) -> Path:
 def resolve_reward_model_dir(cfg: TrainConfig) -> Path | None:
     """Find (or train, for built-ins) the reward model in the driver before Ray starts, so that a
     missing one fails at start with one message and a built-in is not trained inside an actor."""
-    if cfg.reward.kind == RewardKind.success:
+    if not cfg.reward.has_model:
         return None
     from rewards.build import RewardModelError, resolve_reward_model
     from rewards.train_rm import ensure_builtin
@@ -216,6 +216,7 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
     from runtime.driver import WorkerLost
     from runtime.placement import ActorLost
 
+    check_reward_function(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(cfg.run.seed)
     train_problems, heldout = load_data(cfg)
@@ -231,6 +232,10 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
         try:
             run = _attempt(cfg, run_dir, prepared, restarts)
             break
+        except RewardFunctionError as e:
+            raise TrainingError(
+                f"{e}; stopping. Last complete checkpoint: {latest_checkpoint(run_dir / 'checkpoints') or 'none'}"
+            ) from None
         except (WorkerLost, ActorLost) as e:
             if len(restarts) >= cfg.run.max_restarts:
                 raise TrainingError(f"{e}. Resume with: {resume_command(run_dir)}") from None
@@ -240,6 +245,19 @@ def train(cfg: TrainConfig, run_dir: Path) -> dict[str, Any]:
     _log(f"metrics: {run_dir / 'metrics.jsonl'}  curves: {run_dir / 'curves.png'}")
     _log(f"held-out success: {run.before:.3f} -> {run.last_eval['heldout/success']:.3f}")
     return json.loads((run_dir / "summary.json").read_text())
+
+
+def check_reward_function(cfg: TrainConfig) -> None:
+    """Import the user's reward function (``reward.function``) and check its signature here, in the driver,
+    before Ray starts: a typo in the path or the name is one line, not a failed actor."""
+    if not cfg.reward.function:
+        return
+    from rewards.user_fn import FunctionRef, load_function
+
+    try:
+        load_function(FunctionRef.parse(cfg.reward.function), cfg.reward.function_batched)
+    except RewardFunctionError as e:
+        raise TrainingError(str(e)) from None
 
 
 def resume_command(run_dir: Path) -> str:
@@ -496,8 +514,9 @@ def log_iteration(
 
 
 def rollout_records(rollouts: list[Rollout], reward: RewardBatch) -> list[dict[str, Any]]:
-    """One JSON-ready record per rollout: the response and what the reward made of it."""
-    return [
+    """One JSON-ready record per rollout: the response and what the reward made of it (with a user reward
+    function, its value under the function's name, as it returned it)."""
+    records = [
         {
             "problem_id": x.problem.id,
             "question": x.problem.question,
@@ -511,6 +530,10 @@ def rollout_records(rollouts: list[Rollout], reward: RewardBatch) -> list[dict[s
         }
         for i, x in enumerate(rollouts)
     ]
+    if reward.function_name is not None and reward.function_values is not None:
+        for record, value in zip(records, reward.function_values):
+            record[reward.function_name] = value
+    return records
 
 
 def generate(run: Run, it: int) -> list[Rollout]:
@@ -545,6 +568,8 @@ def score(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, torch.Tensor], S
             prompt_text=x.prompt_text,
             response_text=x.completion.text,
             response_token_ids=list(x.completion.token_ids),
+            problem_id=x.problem.id,
+            truncated=x.completion.finish_reason == "length",
         )
         for x in rollouts
     ]

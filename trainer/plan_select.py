@@ -27,7 +27,7 @@ from models.config import ModelConfig, ModelSource
 from planning.config import ClusterConfig, profile_path
 from planning.execution_plan import CallAllocation, ExecutionPlan, PlanError
 from reallocation.layout import ModelSpec
-from rewards.config import BUILTIN_REWARD_MODELS, RewardKind
+from rewards.config import BUILTIN_REWARD_MODELS
 from trainer.config import TrainConfig
 
 if TYPE_CHECKING:
@@ -88,7 +88,7 @@ def model_spec(model: ModelConfig, model_dir: Path | None = None, *, key: str = 
 
 def reward_spec(cfg: TrainConfig, reward_dir: Path | None = None) -> ModelSpec | None:
     """The reward model's shape (None for the rule-based success reward)."""
-    if cfg.reward.kind == RewardKind.success:
+    if not cfg.reward.has_model:
         return None
     path = cfg.reward.model.path
     if reward_dir is not None:

@@ -3,6 +3,7 @@
     config   keys and values (train.py's command line checked them against the schema already)
     data     every record of the training and held-out sets parses; how many there are
     models   the policy, the critic and the reward model are where the run will look, without a download
+    function a user reward function (``reward.function``) imports and takes the four parameters
     resume   what a launch into the run directory does (``trainer.run_dir.check_resume``)
     plan     the execution plan, one line per call, and whether it fits the devices' memory
 
@@ -16,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from rewards.config import RewardKind
 from trainer.config import TrainConfig
 
 
@@ -43,8 +43,10 @@ def preflight(cfg: TrainConfig, run_dir: Path | None) -> tuple[list[str], list[s
     check("model", lambda: _locate_model(cfg.model))
     if cfg.algorithm.has_critic and not cfg.critic.from_policy:
         check("critic", lambda: _locate_model(cfg.critic.model))
-    if cfg.reward.kind != RewardKind.success:
+    if cfg.reward.has_model:
         check("reward model", lambda: _locate_reward_model(cfg.reward.model.path))
+    if cfg.reward.function:
+        check("reward function", lambda: _import_reward_function(cfg))
     if run_dir is not None:
         from trainer.run_dir import check_resume
 
@@ -71,6 +73,16 @@ def preflight(cfg: TrainConfig, run_dir: Path | None) -> tuple[list[str], list[s
         report.plan.save(run_dir / PLAN_FILE)
         lines.append(f"written: {run_dir / PLAN_FILE} (run it with cluster.plan=<that path>)")
     return lines + [report.summary], problems
+
+
+def _import_reward_function(cfg: TrainConfig) -> str:
+    """``reward.function`` imported and its signature checked (``trainer.loop.check_reward_function``)."""
+    from trainer.loop import check_reward_function
+
+    check_reward_function(cfg)
+    r = cfg.reward
+    form = "lists in, a list out" if r.function_batched else "one response per call"
+    return f"{r.function} imports and takes (prompt, response, answer, metadata); {form}; weight {r.function_weight:g}"
 
 
 def describe_data(cfg: TrainConfig) -> str:
