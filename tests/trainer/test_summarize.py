@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.hacking_study import is_study_summary
+from studies.hacking.round2 import is_study_summary
 from trainer.summarize import mean_std, paired_interval, run_row, write_summary
 
 
@@ -127,7 +127,7 @@ def test_committed_summaries_regenerate_byte_for_byte(tmp_path):
     checked = 0
     for runs in sorted(docs.glob("*/runs")):
         if is_study_summary(runs.parent / "summary.json"):
-            continue  # the hacking study's summary (trainer.hacking_study): test_hacking_study.py checks it
+            continue  # the hacking study's summary (studies.hacking.round2): tests/studies/test_hacking_round2.py checks it
         out = tmp_path / runs.parent.name
         write_summary(runs, out)
         for name in ("summary.md", "summary.json"):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.hacking_study import (
+from studies.hacking.round2 import (
     SUMMARY_GENERATOR,
     StudyInputError,
     collect_runs,

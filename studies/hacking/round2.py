@@ -1,4 +1,4 @@
-"""The reward-hacking study's summary (issue 29): ``python -m trainer.hacking_study RUNS_DIR [RUNS_DIR ...]
+"""Round 2 of the reward-hacking study's summary: ``python -m studies.hacking.round2 RUNS_DIR [RUNS_DIR ...]
 --out DIR [--export]``.
 
 Reads the finished named runs below each RUNS_DIR (``<option>[_<tag>]_seed<S>/`` with metrics.jsonl,
@@ -17,7 +17,7 @@ seeds paired by seed,
 5. the hacking form in the saved rollouts: repeated steps, short junk steps, empty paragraphs, truncation.
 
 ``--export`` first copies each finished run compactly to ``DIR/runs/<run>/`` and summarizes the copies,
-so that ``python -m trainer.hacking_study DIR/runs --out DIR`` regenerates summary.md and summary.json
+so that ``python -m studies.hacking.round2 DIR/runs --out DIR`` regenerates summary.md and summary.json
 byte for byte. Pure Python over the files: no torch.
 """
 
@@ -50,7 +50,7 @@ from trainer.summarize import (
 
 BASELINE = "success"
 # summary.json says which tool wrote it, so that each tool's test regenerates only its own committed docs.
-SUMMARY_GENERATOR = "trainer.hacking_study"
+SUMMARY_GENERATOR = "studies.hacking.round2"
 # Issue 29's definition of a hacking seed (the synthetic task's answers have 3 steps; a hacking policy
 # pads them until the token cap stops it, so either sign is enough).
 HACK_MAX_STEPS = 4.0
