@@ -65,18 +65,39 @@ def main(cfg: DictConfig) -> None:
 @contextmanager
 def bad_input_fails(run_dir: Path, created: bool) -> Iterator[None]:
     """Bad input, not a bug: one ``error:`` line, exit status 1. Completed checkpoints stay as they are; a
-    run directory that this launch created and that holds nothing but its config snapshot is removed."""
+    run directory that this launch created and that holds nothing but its config snapshot is removed.
+    A full disk, wherever a write found it, is one line too, with the checkpoint a relaunch resumes from."""
+    from common.files import DiskFull, is_disk_full
     from mathtask.data import DataError
     from models.registry import ModelNotAvailable
+    from runtime.processes import RunInUse
+    from trainer.checkpoint import CheckpointError
     from trainer.loop import TrainingError
     from trainer.run_dir import ResumeError, remove_unused
 
     try:
         yield
-    except (DataError, ModelNotAvailable, TrainingError, ResumeError) as e:
+    except (DataError, ModelNotAvailable, TrainingError, ResumeError, CheckpointError, RunInUse) as e:
         if created:
             remove_unused(run_dir)
         fail(str(e))
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        said = str(e) if isinstance(e, DiskFull) else f"no space left on device under {run_dir} ({type(e).__name__})"
+        fail(f"{said}. {resume_after_disk_full(run_dir)}")
+
+
+def resume_after_disk_full(run_dir: Path) -> str:
+    """What a relaunch does once there is room: the checkpoint it resumes from."""
+    from trainer.checkpoint import CheckpointError, latest_checkpoint
+
+    try:
+        checkpoint = latest_checkpoint(run_dir / "checkpoints", log=lambda _: None)
+    except CheckpointError:
+        checkpoint = None
+    start = f"resumes from {checkpoint}" if checkpoint else "starts from the beginning (no checkpoint yet)"
+    return f"Free space there, then the same command {start}"
 
 
 def dry_run(cfg, run_dir: Path, created: bool) -> None:

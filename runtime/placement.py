@@ -23,11 +23,13 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import ray
 
 from common.env import WORKER_DEFAULTS, WORKER_KEYS, apply_defaults
+from runtime.processes import ProcessGuard
 
 # The resource that counts devices: Ray's GPUs (real ones, or declared on a simulated cluster); a
 # local CPU Ray declares this custom resource instead, one unit per plan device.
@@ -145,17 +147,30 @@ class RayHost:
 class RayCluster:
     """A local Ray (CPU default) or a connection to an existing cluster."""
 
-    def __init__(self, host: str):
+    def __init__(self, host: str, guard: ProcessGuard | None = None):
         self.host = host
+        self.guard = guard
 
     @classmethod
-    def start(cls, address: str = "", num_cpus: int = 2, num_gpus: int = 0, num_cpu_devices: int = 0) -> RayCluster:
+    def start(
+        cls,
+        address: str = "",
+        num_cpus: int = 2,
+        num_gpus: int = 0,
+        num_cpu_devices: int = 0,
+        record: Path | None = None,
+    ) -> RayCluster:
         """Join ``address``, or start a local Ray with ``num_cpus`` CPUs, ``num_gpus`` GPUs and
-        ``num_cpu_devices`` plan devices made of CPU (the ``realm_device`` resource)."""
+        ``num_cpu_devices`` plan devices made of CPU (the ``realm_device`` resource).
+
+        ``record``: where this launch notes its processes (``runtime.processes``): first what an earlier
+        launch left running there is ended, then a watchdog ends this launch's if the driver dies."""
         apply_defaults()
+        # Before Ray starts: a failed start still leaves the watchdog to end what it started.
+        guard = ProcessGuard.start(record) if record is not None else None
         if address:
             ray.init(address=address, ignore_reinit_error=True, log_to_driver=True)
-            return cls(host=ray.util.get_node_ip_address())
+            return cls(host=ray.util.get_node_ip_address(), guard=guard)
         host = "127.0.0.1"
         ray.init(
             # "local": always a new Ray of our own, never a cluster someone else started on this machine.
@@ -169,7 +184,7 @@ class RayCluster:
             log_to_driver=True,
             configure_logging=False,
         )
-        return cls(host=host)
+        return cls(host=host, guard=guard)
 
     def group(
         self,
@@ -270,6 +285,8 @@ class RayCluster:
 
     def shutdown(self) -> None:
         ray.shutdown()
+        if self.guard is not None:  # what outlived Ray's shutdown
+            self.guard.close()
 
 
 class SimulatedCluster:
@@ -516,10 +533,19 @@ class DevicePool:
         return error
 
     def where(self) -> dict[int, dict[str, Any]]:
-        """Per device, what its host actor reports from inside: node id, GPU ids, pid."""
+        """Per device, what its host actor reports from inside: node id, GPU ids, pid; and the pid of each
+        companion beside it (``companion_pids``: name -> pid)."""
         found = ray.get([self.hosts[d].where.remote() for d in self.devices])
+        companions = {key: actor.where.remote() for key, actor in self.companions.items()}
+        pids = {key: where[2] for key, where in zip(companions, ray.get(list(companions.values())))}
         return {
-            d: {"node_id": node, "gpu_ids": list(gpus), "pid": pid} for d, (node, gpus, pid) in zip(self.devices, found)
+            d: {
+                "node_id": node,
+                "gpu_ids": list(gpus),
+                "pid": pid,
+                "companion_pids": {name: p for (name, device), p in pids.items() if device == d},
+            }
+            for d, (node, gpus, pid) in zip(self.devices, found)
         }
 
     def shutdown(self) -> None:

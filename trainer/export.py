@@ -59,8 +59,9 @@ def is_run_dir(path: Path) -> bool:
 
 
 def find_checkpoint(path: str | Path, iteration: int | None = None) -> CheckpointRef:
-    """The checkpoint that ``path`` names: a checkpoint dir, or a run dir (+ ``iteration``, else the newest)."""
-    from trainer.checkpoint import checkpoint_name, latest_checkpoint, load_state
+    """The checkpoint that ``path`` names: a checkpoint dir, or a run dir (+ ``iteration``, else the newest
+    intact one); a checkpoint whose files do not match its manifest is refused, naming the file."""
+    from trainer.checkpoint import CheckpointError, checkpoint_name, damage, has_manifest, latest_checkpoint, load_state
 
     path = Path(path).expanduser().resolve()
     if is_checkpoint(path):
@@ -70,7 +71,10 @@ def find_checkpoint(path: str | Path, iteration: int | None = None) -> Checkpoin
     elif is_run_dir(path):
         root = path / "checkpoints"
         if iteration is None:
-            found = latest_checkpoint(root)
+            try:
+                found = latest_checkpoint(root)
+            except CheckpointError as e:
+                raise ExportError(str(e)) from None
             if found is None:
                 raise ExportError(f"{root}: no complete checkpoint (is the run still in its first interval?)")
             checkpoint = found
@@ -86,6 +90,9 @@ def find_checkpoint(path: str | Path, iteration: int | None = None) -> Checkpoin
         raise ExportError(
             f"{path}: neither a run directory (with checkpoints/) nor a complete checkpoint (with COMPLETE and policy/)"
         )
+    problem = damage(checkpoint) if has_manifest(checkpoint) else None
+    if problem is not None:
+        raise ExportError(f"{checkpoint} is damaged: {problem}")
     return CheckpointRef(
         run_dir=checkpoint.parent.parent, checkpoint=checkpoint, iteration=int(load_state(checkpoint)["iteration"])
     )

@@ -272,6 +272,7 @@ def _attempt(cfg: TrainConfig, run_dir: Path, prepared: Prepared, restarts: list
     """One cluster's life: start Ray, deploy the plan, resume or begin, train to the end."""
     from ppo.kl import make_kl_controller
     from runtime.placement import RayCluster
+    from trainer.run_dir import PROCESS_RECORD
 
     cl = cfg.cluster
     cluster = RayCluster.start(
@@ -279,6 +280,7 @@ def _attempt(cfg: TrainConfig, run_dir: Path, prepared: Prepared, restarts: list
         cl.num_cpus,
         num_gpus=cl.devices_per_node if cl.uses_gpus and not cl.address else 0,
         num_cpu_devices=0 if cl.uses_gpus else cl.num_devices,
+        record=run_dir / PROCESS_RECORD,
     )
     run = None
     try:

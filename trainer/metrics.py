@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from common.files import atomic_save_figure, atomic_write_text
+from common.files import append_text, atomic_save_figure, atomic_write_text
 from common.progress import progress_line
 
 
@@ -82,11 +82,7 @@ class MetricsWriter:
         keep_through = -1 if resume_from_iteration is None else resume_from_iteration
         for path in (self.path, self.samples_path, self.heldout_path, self.residency_path):
             if path.exists():
-                kept = [
-                    line
-                    for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("iteration", -1) <= keep_through
-                ]
+                kept = [line for line in path.read_text().splitlines() if _iteration(line) <= keep_through]
                 atomic_write_text(path, "".join(k + "\n" for k in kept))
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -98,8 +94,7 @@ class MetricsWriter:
 
     def log(self, iteration: int, metrics: dict[str, float]) -> None:
         row = {"iteration": iteration, **{k: _scalar(v) for k, v in metrics.items()}}
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        append_text(self.path, json.dumps(row) + "\n")
         if self.tb is not None:
             for k, v in row.items():
                 if isinstance(v, (int, float)) and math.isfinite(v) and k != "iteration":
@@ -109,9 +104,7 @@ class MetricsWriter:
             self.wandb.log({k: v for k, v in row.items() if k != "iteration"}, step=iteration)
 
     def log_samples(self, iteration: int, samples: list[dict[str, Any]]) -> None:
-        with self.samples_path.open("a", encoding="utf-8") as f:
-            for s in samples:
-                f.write(json.dumps({"iteration": iteration, **s}) + "\n")
+        append_text(self.samples_path, "".join(json.dumps({"iteration": iteration, **s}) + "\n" for s in samples))
 
     def log_heldout(self, iteration: int, problem_ids: list[str], greedy: list[bool], sampled: list[int]) -> None:
         """Per-problem held-out correctness of one evaluation, in ``problem_ids`` order: ``greedy`` a
@@ -124,20 +117,16 @@ class MetricsWriter:
             "greedy": "".join("1" if c else "0" for c in greedy),
             "sampled": "".join(str(n) for n in sampled) if all(n <= 9 for n in sampled) else sampled,
         }
-        with self.heldout_path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(row) + "\n")
+        append_text(self.heldout_path, json.dumps(row) + "\n")
 
     def log_restart(self, iteration: int, restart: int, reason: str) -> None:
         """A restart after a lost worker, resuming at ``iteration``: a row of its own in metrics.jsonl."""
-        with self.path.open("a", encoding="utf-8") as f:
-            f.write(json.dumps({"iteration": iteration, "restart": restart, "reason": reason}) + "\n")
+        append_text(self.path, json.dumps({"iteration": iteration, "restart": restart, "reason": reason}) + "\n")
 
     def log_residency(self, iteration: int, rows: list[dict[str, Any]]) -> None:
         """What every device held at the start of each phase of this iteration (``PlanRuntime.snapshot``),
         beside the plan's ``memory_lifecycle.json``: the two should say the same."""
-        with self.residency_path.open("a", encoding="utf-8") as f:
-            for row in rows:
-                f.write(json.dumps({"iteration": iteration, **row}) + "\n")
+        append_text(self.residency_path, "".join(json.dumps({"iteration": iteration, **row}) + "\n" for row in rows))
 
     def write_rollouts(self, iteration: int, rollouts: list[dict[str, Any]]) -> None:
         """One iteration's whole batch of rollouts, to rollouts/iter_NNNNNN.jsonl (atomically); each
@@ -191,6 +180,15 @@ def start_wandb(run_dir: Path, environ: Any = None):
         dir=str(run_dir),
         config=config,
     )
+
+
+def _iteration(line: str) -> float:
+    """A row's iteration; infinity for a blank line or one that does not parse (the cut-off end of a line
+    whose writer was killed mid-write), so that a resume drops it with the rows it recomputes."""
+    try:
+        return json.loads(line).get("iteration", -1)
+    except ValueError:
+        return math.inf
 
 
 def _scalar(v: Any) -> Any:

@@ -50,7 +50,8 @@ def preflight(cfg: TrainConfig, run_dir: Path | None) -> tuple[list[str], list[s
     if run_dir is not None:
         from trainer.run_dir import check_resume
 
-        check("resume", lambda: check_resume(cfg, run_dir))
+        notes: list[str] = []  # a damaged checkpoint passed over, one line each
+        check("resume", lambda: " ".join([check_resume(cfg, run_dir, notes.append), *notes]))
     from trainer.plan_select import PLAN_FILE, plan_report
 
     longest: list[int | None] = [None]

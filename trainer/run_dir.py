@@ -11,12 +11,13 @@ snapshot it then writes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from common.config import to_plain
 from common.files import atomic_write_text
-from trainer.checkpoint import latest_checkpoint, load_state
+from trainer.checkpoint import CheckpointError, complete_checkpoints, latest_checkpoint, load_state
 from trainer.config import MOVED_KEYS, TrainConfig
 
 MATH_KEYS = ("algorithm", "model", "critic", "reward", "data", "rollout", "ppo", "sft", "run.seed")
@@ -24,6 +25,8 @@ MATH_KEYS = ("algorithm", "model", "critic", "reward", "data", "rollout", "ppo",
 run may be extended), how often it evaluates, checkpoints or logs, and the cluster and plan (placement
 does not change the math)."""
 CONFIG_FILE = Path(".hydra") / "config.yaml"
+PROCESS_RECORD = "processes.json"
+"""The launch's processes (``runtime.processes``): what the next launch ends if the driver was killed."""
 OVERRIDES_FILE = Path(".hydra") / "overrides.yaml"
 
 
@@ -86,14 +89,30 @@ def checkpoint_config(run_dir: Path, checkpoint: Path) -> dict[str, Any] | None:
         return None
 
 
-def check_resume(cfg: TrainConfig, run_dir: Path) -> str:
+def check_resume(cfg: TrainConfig, run_dir: Path, log: Callable[[str], None] = print) -> str:
     """What a launch into ``run_dir`` will do ("a fresh start", "resumes from ... at iteration N"); raises
-    ResumeError when the newest checkpoint was trained with other math settings and ``run.resume`` is on."""
-    checkpoint = latest_checkpoint(run_dir / "checkpoints")
+    ResumeError when another launch still runs there, when no checkpoint there is intact (each damaged
+    one passed over is a line to ``log``), or when the newest intact one was trained with other math
+    settings and ``run.resume`` is on."""
+    from runtime.processes import in_use_by
+
+    driver = in_use_by(run_dir / PROCESS_RECORD)
+    if driver is not None:
+        raise ResumeError(
+            f"another launch (pid {driver.pid}) is running in {run_dir}: wait for it or stop it, or choose another run.name"
+        )
+    if not cfg.run.resume:
+        if complete_checkpoints(run_dir / "checkpoints"):
+            return "a fresh start (run.resume=false: the checkpoints there are not read, and are pruned as new ones are written)"
+        return "a fresh start (no checkpoint in the run directory)"
+    try:
+        checkpoint = latest_checkpoint(run_dir / "checkpoints", log)
+    except CheckpointError as e:
+        raise ResumeError(
+            f"{e}. Start over in this directory with run.resume=false, or choose another run.name"
+        ) from None
     if checkpoint is None:
         return "a fresh start (no checkpoint in the run directory)"
-    if not cfg.run.resume:
-        return f"a fresh start (run.resume=false: {checkpoint.name} is not read, and is pruned as new ones are written)"
     old = checkpoint_config(run_dir, checkpoint)
     changed = [] if old is None else changed_settings(old, to_plain(cfg))
     if changed:

@@ -68,3 +68,24 @@ def test_a_failed_build_leaves_nothing_and_old_markers_still_count(tmp_path):
     old.mkdir()
     (old / ".complete").write_text("ok\n")  # a cache entry built before the marker was renamed
     assert is_complete(old) and atomic_build_dir(old, broken) == old
+
+
+def test_a_full_disk_is_recognised_through_causes_and_in_another_process_s_message():
+    import errno
+    import os
+
+    from common.files import format_bytes, is_disk_full
+
+    full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    try:
+        try:
+            raise full
+        except OSError as e:
+            raise RuntimeError("the checkpoint's collective failed") from e
+    except RuntimeError as wrapped:
+        assert is_disk_full(wrapped)
+    # A Ray task's error carries the remote traceback as text, not the OSError itself.
+    remote = RuntimeError(f"ray::RayHost.run() (pid=1)\n  ...\nOSError: [Errno 28] {os.strerror(errno.ENOSPC)}: 'x'")
+    assert is_disk_full(remote)
+    assert not is_disk_full(OSError(errno.EACCES, "Permission denied")) and not is_disk_full(ValueError("x"))
+    assert [format_bytes(n) for n in (512, 1536, 10 << 20)] == ["512 bytes", "1.5 KiB", "10.0 MiB"]

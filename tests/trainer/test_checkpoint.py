@@ -13,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from mathtask.synthetic import generate_problems
-from trainer.checkpoint import latest_checkpoint, load_state, save_checkpoint
+from trainer.checkpoint import (
+    MANIFEST,
+    CheckpointError,
+    damage,
+    latest_checkpoint,
+    load_state,
+    save_checkpoint,
+)
 from trainer.rollout import iteration_problems, pad_batch
 
 
@@ -84,6 +91,82 @@ def test_corrupt_pointer_falls_back_to_scan(tmp_path):
     save_checkpoint(tmp_path, 5, {"iteration": 5}, _write, keep_last=2)
     (tmp_path / "latest").write_text("iter_999999\n")
     assert latest_checkpoint(tmp_path).name == "iter_000005"
+
+
+def test_the_manifest_lists_every_file_with_its_size_and_sha256(tmp_path):
+    import hashlib
+    import json
+
+    ckpt = save_checkpoint(tmp_path, 5, {"iteration": 5}, _write, keep_last=2)
+    files = json.loads((ckpt / MANIFEST).read_text())["files"]
+    assert sorted(files) == ["policy/weights.bin", "trainer_state.json"]
+    assert files["policy/weights.bin"] == {"size": 1024, "sha256": hashlib.sha256(b"\x00" * 1024).hexdigest()}
+    assert damage(ckpt) is None
+
+
+def _cut_short(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:100])
+
+
+def _overwrite(path: Path) -> None:  # same size, other bytes: only the checksum can tell
+    path.write_bytes(b"\x01" * path.stat().st_size)
+
+
+@pytest.mark.parametrize(
+    "harm, said",
+    [
+        (_cut_short, "policy/weights.bin is 100 bytes, the manifest says 1024"),
+        (_overwrite, "policy/weights.bin does not match its SHA-256 in the manifest (overwritten)"),
+        (Path.unlink, "policy/weights.bin is missing"),
+    ],
+)
+def test_a_damaged_newest_checkpoint_is_said_in_one_line_and_the_previous_one_is_used(tmp_path, harm, said):
+    save_checkpoint(tmp_path, 5, {"iteration": 5}, _write, keep_last=2)
+    newest = save_checkpoint(tmp_path, 10, {"iteration": 10}, _write, keep_last=2)
+    harm(newest / "policy" / "weights.bin")
+    lines: list[str] = []
+    assert latest_checkpoint(tmp_path, lines.append).name == "iter_000005"
+    assert lines == [f"[checkpoint] {newest} is damaged ({said}): going back to the one before it"]
+
+
+def test_a_damaged_trainer_state_or_manifest_is_found_too(tmp_path):
+    save_checkpoint(tmp_path, 5, {"iteration": 5}, _write, keep_last=2)
+    newest = save_checkpoint(tmp_path, 10, {"iteration": 10}, _write, keep_last=2)
+    (newest / "trainer_state.json").write_text('{"iteration": 11}')
+    assert damage(newest) == "trainer_state.json is 17 bytes, the manifest says 21"
+    (newest / MANIFEST).write_text("{")
+    assert damage(newest) == f"{MANIFEST} is unreadable (JSONDecodeError)"
+    assert latest_checkpoint(tmp_path, lambda _: None).name == "iter_000005"
+
+
+def test_with_no_intact_checkpoint_left_the_error_names_the_directory_and_each_problem(tmp_path):
+    for iteration in (5, 10):
+        save_checkpoint(tmp_path, iteration, {"iteration": iteration}, _write, keep_last=2)
+    _cut_short(tmp_path / "iter_000010" / "policy" / "weights.bin")
+    (tmp_path / "iter_000005" / "policy" / "weights.bin").unlink()
+    with pytest.raises(CheckpointError) as e:
+        latest_checkpoint(tmp_path, lambda _: None)
+    assert str(e.value) == (
+        f"no intact checkpoint in {tmp_path} (iter_000010: policy/weights.bin is 100 bytes, the manifest says "
+        "1024; iter_000005: policy/weights.bin is missing)"
+    )
+
+
+def test_a_checkpoint_from_before_manifests_loads_with_a_line_saying_it_is_not_checked(tmp_path):
+    ckpt = save_checkpoint(tmp_path, 5, {"iteration": 5}, _write, keep_last=2)
+    (ckpt / MANIFEST).unlink()
+    lines: list[str] = []
+    assert latest_checkpoint(tmp_path, lines.append) == ckpt
+    assert lines == [f"[checkpoint] {ckpt} has no {MANIFEST} (an older checkpoint): not checked"]
+
+
+def test_a_checkpoint_of_an_earlier_iteration_removes_the_later_ones(tmp_path):
+    """A run that went back (a damaged checkpoint, run.resume=false) leaves that future behind: a later
+    relaunch must not resume from it."""
+    for iteration in (5, 10, 15):
+        save_checkpoint(tmp_path, iteration, {"iteration": iteration}, _write, keep_last=3)
+    save_checkpoint(tmp_path, 6, {"iteration": 6}, _write, keep_last=3)
+    assert sorted(p.name for p in tmp_path.glob("iter_*")) == ["iter_000005", "iter_000006"]
 
 
 def test_data_order_depends_only_on_seed_and_iteration():

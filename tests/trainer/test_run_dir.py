@@ -90,6 +90,42 @@ def test_an_older_checkpoint_is_compared_with_the_run_config(tmp_path):
     assert (tmp_path / ".hydra" / "overrides.yaml").read_text() == "- rollout.num_prompts=32\n"
 
 
+def test_a_damaged_newest_checkpoint_resumes_from_the_one_before_and_none_intact_is_refused(tmp_path):
+    cfg = TrainConfig()
+    _checkpoint(tmp_path, cfg, iteration=10)
+    _checkpoint(tmp_path, cfg, iteration=20)
+    (tmp_path / "checkpoints" / "iter_000020" / "trainer_state.json").write_text("{}")
+    lines: list[str] = []
+    assert "iteration 10" in check_resume(cfg, tmp_path, lines.append)
+    assert len(lines) == 1 and "iter_000020 is damaged (trainer_state.json is 2 bytes" in lines[0]
+    (tmp_path / "checkpoints" / "iter_000010" / "trainer_state.json").unlink()
+    with pytest.raises(ResumeError, match=f"no intact checkpoint in {tmp_path / 'checkpoints'} \\(iter_000020: "):
+        check_resume(cfg, tmp_path, lines.append)
+    off = replace(cfg, run=replace(cfg.run, resume=False))
+    assert check_resume(off, tmp_path).startswith("a fresh start (run.resume=false")
+
+
+def test_a_directory_another_running_launch_noted_is_refused(tmp_path):
+    import json
+    import subprocess
+
+    from runtime.processes import Proc, this_process
+
+    other = subprocess.Popen(["sleep", "600"])
+    try:
+        start = int(Path(f"/proc/{other.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+        record = {"driver": Proc(other.pid, start).__dict__, "watchdog": None, "processes": []}
+        (tmp_path / "processes.json").write_text(json.dumps(record))
+        with pytest.raises(ResumeError, match=f"another launch \\(pid {other.pid}\\) is running in {tmp_path}"):
+            check_resume(TrainConfig(), tmp_path)
+        mine = {"driver": this_process().__dict__, "watchdog": None, "processes": []}  # a restart in this process
+        (tmp_path / "processes.json").write_text(json.dumps(mine))
+        assert check_resume(TrainConfig(), tmp_path).startswith("a fresh start")
+    finally:
+        other.kill()
+        other.wait()
+
+
 def test_keep_checkpoints_must_keep_one():
     with pytest.raises(ValueError, match="run.keep_checkpoints=0"):
         RunConfig(keep_checkpoints=0)
