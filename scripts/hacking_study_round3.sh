@@ -59,4 +59,4 @@ for seed in $SEEDS; do
     run "hacking_study_round3/${arm}_seed$seed" "$arm" "$seed" "$iterations"
   done
 done
-echo "[study] all runs done: python -m studies.hacking.round3 summarize $ROOT --out docs/hacking_study/round3 --export"
+echo "[study] all runs done: python -m studies.hacking.round3_summary $ROOT --out docs/hacking_study/round3 --export"

@@ -2,7 +2,8 @@
 docs/hacking_study/round3/PREREGISTRATION.md, as code, and the pilot's decision.
 
     python -m studies.hacking.round3 decide outputs/hacking_study_round3/pilot --json decision.json
-    python -m studies.hacking.round3 summarize outputs/hacking_study_round3 --out docs/hacking_study/round3 --export
+
+The summary of the finished runs: ``python -m studies.hacking.round3_summary`` (studies/hacking/round3_summary.py).
 
 A run's metrics are the rows of its metrics.jsonl (one per iteration, ``iteration`` = 1..N; row 0 is the
 evaluation before training). Pure Python over the files.
@@ -107,20 +108,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     d = sub.add_parser("decide", help="the main runs' iterations from the finished pilot runs")
     d.add_argument("pilot_dir", type=Path)
     d.add_argument("--json", type=Path, help="also write the decision here (atomically)")
-    summarize = sub.add_parser("summarize", help="the pre-registered summary of the finished runs")
-    summarize.add_argument("runs_dir", type=Path, help="the arms' runs; pilot/ and decision.json inside")
-    summarize.add_argument("--out", type=Path, required=True)
-    summarize.add_argument("--export", action="store_true", help="copy the runs to OUT/runs first, summarize those")
     args = parser.parse_args(argv)
-    if args.command == "summarize":
-        from studies.hacking.round2 import StudyInputError
-        from studies.hacking.round3_summary import write_summary
-
-        try:
-            print(f"wrote {write_summary(args.runs_dir, args.out, args.export)}, summary.json and curves.png")
-        except StudyInputError as e:
-            fail(str(e))
-        return
     decision = decide(args.pilot_dir)
     text = json.dumps(decision, indent=1)
     if args.json:

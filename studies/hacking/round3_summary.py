@@ -1,5 +1,5 @@
 """Round 3's summary, as pre-registered (docs/hacking_study/round3/PREREGISTRATION.md):
-``python -m studies.hacking.round3 summarize RUNS_DIR --out DIR [--export]``.
+``python -m studies.hacking.round3_summary RUNS_DIR --out DIR [--export]``.
 
 Reads the finished runs below RUNS_DIR (the arms' ``<arm>_seed<S>/`` and the pilot's ``pilot/prm_seed<S>/``;
 the files round 2's summary reads) and writes ``DIR/summary.md``, ``DIR/summary.json`` and ``DIR/curves.png``:
@@ -475,3 +475,21 @@ def _collect(root: Path, pilot: bool) -> list[StudyRun]:
     runs = [round2.load_run(p) for p in round2.find_runs(where) if (p / "summary.json").exists()]
     runs = [r for r in runs if pilot or "pilot" not in r.path.relative_to(root).parts]
     return sorted(runs, key=lambda r: (ARMS.index(r.label) if r.label in ARMS else len(ARMS), r.label, int(r.seed)))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    from common.cli import ArgumentParser, fail
+
+    parser = ArgumentParser(prog="python -m studies.hacking.round3_summary", description=__doc__.split("\n\n")[0])
+    parser.add_argument("runs_dir", type=Path, help="the arms' runs; pilot/ and decision.json inside")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--export", action="store_true", help="copy the runs to OUT/runs first, summarize those")
+    args = parser.parse_args(argv)
+    try:
+        print(f"wrote {write_summary(args.runs_dir, args.out, args.export)}, summary.json and curves.png")
+    except round2.StudyInputError as e:
+        fail(str(e))
+
+
+if __name__ == "__main__":
+    main()

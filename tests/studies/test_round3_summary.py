@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from studies.hacking.round3 import main
+from studies.hacking.round3_summary import main
 from tests.studies.test_hacking_round2 import _run
 
 BEFORE = "1100000000"
@@ -27,7 +27,7 @@ def _round3(root: Path) -> None:
 
 def test_the_summary_applies_the_pre_registered_rules(tmp_path, capsys):
     _round3(tmp_path / "runs")
-    main(["summarize", str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--export"])
+    main([str(tmp_path / "runs"), "--out", str(tmp_path / "out"), "--export"])
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     incidence = {i["arm"]: i for i in summary["incidence"]}
     assert incidence["prm"]["hacks"]["count"] == 5 and incidence["prm"]["onsets"]["0"] == 2
@@ -47,6 +47,6 @@ def test_the_summary_applies_the_pre_registered_rules(tmp_path, capsys):
     assert [r["run"] for r in summary["pilot"]["runs"]] == ["prm_seed10", "prm_seed11"]
     assert summary["examples"] and "1 + 2 = 3" in summary["examples"][0]["response"]
     first = [(tmp_path / "out" / n).read_text() for n in ("summary.md", "summary.json")]
-    main(["summarize", str(tmp_path / "out" / "runs"), "--out", str(tmp_path / "out")])
+    main([str(tmp_path / "out" / "runs"), "--out", str(tmp_path / "out")])
     assert [(tmp_path / "out" / n).read_text() for n in ("summary.md", "summary.json")] == first
     assert "D1, raw PRM hacks here (on at least 4 of 5 seeds): yes" in first[0]
