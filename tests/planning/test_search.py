@@ -15,6 +15,7 @@ from planning.estimator import (
     call_seconds,
     estimate_plan,
     hardware,
+    lifecycle_inputs,
     offload_seconds,
     realloc_seconds,
     training_layout_forward_seconds,
@@ -244,6 +245,28 @@ def test_search_returns_a_fitting_plan_no_worse_than_any_fitting_baseline():
     assert fitting and report.cost.seconds_per_iteration <= min(fitting) + 1e-9
     again = estimate_plan(report.plan, w, HW)
     assert again.seconds_per_iteration == pytest.approx(report.cost.seconds_per_iteration)
+
+
+@pytest.mark.parametrize("reference", [True, False])
+def test_a_critic_free_graph_is_searched_priced_and_placed_without_a_critic(reference):
+    """GRPO's graph (and Dr. GRPO's, without a reference): the search, the baselines and the lifecycle see only
+    its calls, and the same plan with the critic's calls added costs at least as much."""
+    from planning.lifecycle import holdings
+
+    w = Workload(QWEN_1_5B, None, QWEN_1_5B, batch=128, prompt_len=256, gen_len=512, reference=reference)
+    expected = {"actor_gen", "rew_inf", "actor_train"} | ({"ref_inf"} if reference else set())
+    assert set(w.calls) == expected
+    report = search(w, HW, seconds_budget=2, seed=0)
+    assert report.cost.fits and set(report.plan.calls) == expected
+    report.plan.validate(w.specs())
+    for plan, cost in report.baselines.values():
+        assert plan is None or set(plan.calls) == expected
+    owners = {h.owner for h in holdings(report.plan.calls, lifecycle_inputs(w, HW))}
+    assert not {"critic", "critic_inf"} & owners and ("ref" in owners) == reference
+    with_critic = Workload(QWEN_1_5B, QWEN_1_5B, QWEN_1_5B, batch=128, prompt_len=256, gen_len=512)
+    critic_calls = {c: report.plan.calls["actor_train"] for c in ("critic_inf", "critic_train")}
+    plus = ExecutionPlan(1, 8, {**report.plan.calls, "ref_inf": report.plan.calls["actor_train"], **critic_calls})
+    assert estimate_plan(plus, with_critic, HW).seconds_per_iteration >= report.cost.seconds_per_iteration
 
 
 def test_limits_keep_the_candidates_to_what_a_runtime_runs():
