@@ -4,33 +4,12 @@ critic is built, placed or checkpointed, and with beta 0 no reference either; th
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-SMALL = [
-    "sft.num_steps=30",
-    "sft.target_success=0",
-    "rollout.num_prompts=4",
-    "rollout.num_samples_per_prompt=2",
-    "rollout.max_new_tokens=32",
-    "data.synthetic_num_train=64",
-    "data.synthetic_num_heldout=8",
-    "run.eval_every=0",
-    "run.num_heldout_samples=0",
-    "ppo.num_minibatches=2",
-]
-
-
-def _train(args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
-    env = dict(os.environ, VLLM_LOGGING_LEVEL="ERROR")
-    return subprocess.run(
-        [sys.executable, "train.py", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
-    )
+from tests.test_train_smoke import SMALL, _train
 
 
 def _rows(run: Path) -> list[dict]:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.trainer.test_critic_free_run import SMALL
+from tests.test_train_smoke import SMALL
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "reward_functions.py"
