@@ -259,7 +259,7 @@ def test_a_critic_free_graph_is_searched_priced_and_placed_without_a_critic(refe
     report = search(w, HW, seconds_budget=2, seed=0)
     assert report.cost.fits and set(report.plan.calls) == expected
     report.plan.validate(w.specs())
-    for plan, cost in report.baselines.values():
+    for plan, _ in report.baselines.values():
         assert plan is None or set(plan.calls) == expected
     owners = {h.owner for h in holdings(report.plan.calls, lifecycle_inputs(w, HW))}
     assert not {"critic", "critic_inf"} & owners and ("ref" in owners) == reference
