@@ -65,7 +65,9 @@ def test_every_reward_option_trains_two_iterations(reward, tmp_path):
 
 @pytest.mark.slow
 def test_resume_continues_from_the_last_checkpoint(tmp_path):
-    """Clip with a calibrated eta: the resumed run keeps the eta the first rollouts chose."""
+    """Clip with a calibrated eta: the resumed run keeps the eta the first rollouts chose, and its
+    metrics up to the checkpoint are the first run's bit for bit (one machine runs the same sums in the
+    same order, under every CPU kernel set)."""
     common = ["+reward=prm_clip", *SMALL, "run.checkpoint_every=1", f"hydra.run.dir={tmp_path}"]
     _last_line(_train(["run.num_iterations=2", *common]))
     first = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -80,7 +82,8 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
 @pytest.mark.slow
 def test_the_dry_run_writes_the_plan_the_run_searches(tiny_model_dir, tmp_path):
     """local_cpu searches its plan at start; the dry run prices the same prompts (its longest rendered one)
-    with the same seed, so the plan.yaml it writes is the one the run writes. ``tiny_model_dir``: the model is
+    with the same seed, so the plan.yaml it writes is the one the run writes, byte for byte on every CPU
+    kernel set. ``tiny_model_dir``: the model is
     built, so the dry run finds its tokenizer (it builds nothing itself)."""
     dry = _train(["run.dry_run=true", *SMALL, f"hydra.run.dir={tmp_path / 'dry'}"])
     assert dry.returncode == 0, dry.stderr[-3000:]
@@ -101,7 +104,8 @@ def _untimed(rows: list[dict]) -> list[dict]:
 @pytest.mark.slow
 def test_two_runs_with_one_seed_give_the_same_metrics(tmp_path):
     """What docs/default_run.md's determinism statement rests on: on one machine, the same command twice (PRM
-    reward, so the reward model's scores are in it too) writes the same numbers, timings aside."""
+    reward, so the reward model's scores are in it too) writes the same numbers, timings aside, bit for bit
+    under every CPU kernel set."""
     runs = []
     for name in ("a", "b"):
         proc = _train(["+reward=prm", "run.num_iterations=2", *SMALL, f"hydra.run.dir={tmp_path / name}"])

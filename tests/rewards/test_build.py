@@ -12,6 +12,7 @@ from rewards.config import Refinement, RewardConfig, RewardKind, RewardModelConf
 from rewards.reward_model import RewardModelError
 from rewards.segment import SegmentedResponse, Step
 from rewards.types import RewardSample
+from tests import tolerance as tol
 
 QUESTION = "Start with 7. Add 5, then multiply by 3. What is the result?"
 STEP_1, STEP_2, ANSWER = "7 + 5 = 12", "12 * 3 = 36", "The answer is \\boxed{36}."
@@ -96,10 +97,12 @@ def test_padding_with_repeated_steps(tok):
     assert returns[Refinement.clip_delta] == pytest.approx([1.0] * 4)
 
 
+@pytest.mark.equivalence
 @pytest.mark.parametrize("refinement", [Refinement.delta, Refinement.clip_delta])
 @pytest.mark.parametrize("correct", [True, False])
 def test_return_to_go_from_step_k_is_alpha_c_k_plus_correct(tok, refinement, correct):
-    """gamma = 1: summing token rewards from step k's first token on gives alpha * c~_k + Correct (k < K).
+    """gamma = 1: summing token rewards from step k's first token on gives alpha * c~_k + Correct (k < K),
+    up to the fp32 rounding of that sum over the response's tokens (rule 1 of tests/tolerance.py).
 
     Steps score 0.9, 0.3, 0.8, 0.95 (K = 4), alpha 0.5, eta 0.85:
     delta:      c~ = c                         -> 0.45, 0.15, 0.40 (+ Correct)
@@ -113,9 +116,10 @@ def test_return_to_go_from_step_k_is_alpha_c_k_plus_correct(tok, refinement, cor
     ends = [-1] + [int(i) for i in out_step_ends(tok, s)]
     c = torch.tensor([0.9, 0.3, 0.8, 0.95])
     c_tilde = c if refinement == Refinement.delta else (c - 0.85).clamp(max=0.0)
+    bound = tol.rounding(len(rewards), 2.0)  # |rewards| sum to at most 2: Correct, and alpha * (|c~| <= 1) twice
     for k in range(3):  # steps 1..K-1
-        return_to_go = rewards[ends[k] + 1 :].sum().item()
-        assert return_to_go == pytest.approx(0.5 * c_tilde[k].item() + float(correct), abs=1e-6)
+        return_to_go = rewards[ends[k] + 1 :].sum()
+        tol.assert_close(return_to_go, torch.tensor(0.5 * c_tilde[k].item() + float(correct)), bound, msg=str(k))
     assert rewards[ends[3] + 1 :].sum().item() == pytest.approx(float(correct))  # from step K: Correct
     assert ends[4] == len(s.response_token_ids) - 1  # which sits on the final token
 
@@ -185,6 +189,7 @@ def test_eta_is_calibrated_on_the_first_call(tok):
     assert reward.eta == pytest.approx(0.9)
 
 
+@pytest.mark.equivalence
 def test_alpha_matched_to_clip_delta_gives_raw_prm_its_spread(tok):
     """The hacking study's control: raw PRM rewards, scaled to Clip-Delta's spread on the same rollouts."""
     import statistics
@@ -204,7 +209,10 @@ def test_alpha_matched_to_clip_delta_gives_raw_prm_its_spread(tok):
     assert reward.eta == pytest.approx(0.9) and reward.alpha == pytest.approx(alpha)
     assert out.metrics["reward/alpha"] == pytest.approx(alpha)
     assert out.learned.tolist() == pytest.approx([alpha * 2.65, alpha * 0.95, alpha * 1.75])
-    assert out.metrics["reward/learned_std"] == pytest.approx(statistics.pstdev([0.0, 0.0, -0.1]), rel=1e-5)
+    want_std = statistics.pstdev([0.0, 0.0, -0.1])  # fp32 sums of 3 squares against exact: rule 1 at their scale
+    tol.assert_scalars_close(
+        {"std": out.metrics["reward/learned_std"]}, {"std": want_std}, {"std": tol.rounding(6, 0.1)}
+    )
     reward([sample(tok, [STEP_2])])  # later calls keep it; a resumed run or another replica loads it
     assert reward.calibration() == pytest.approx({"eta": 0.9, "alpha": alpha})
     fresh = ShapedReward(cfg, tok, FakePRM(), fake_grade)
@@ -328,11 +336,13 @@ def test_step_layout_pads_to_the_most_steps():
     assert [t.shape for t in step_layout([])] == [(0,), (0, 0), (0, 0)]
 
 
+@pytest.mark.equivalence
 @pytest.mark.parametrize("refinement", [Refinement.none, Refinement.clip_delta])
 def test_reward_replicas_merged_equal_one_reward_call(tok, refinement):
     """The plan runtime splits a batch over rew_inf replicas and merges their RewardBatches: the merge
     equals scoring the whole batch at once (token rewards padded to the longest response overall, means
-    re-weighted by responses or, for the step metrics, by steps)."""
+    re-weighted by responses or, for the step metrics, by steps). The tensors are copies, equal
+    exactly; a re-weighted mean sums its terms in another order (rule 1 of tests/tolerance.py)."""
     from rewards.types import merge_reward_batches
 
     batch = [
@@ -350,8 +360,9 @@ def test_reward_replicas_merged_equal_one_reward_call(tok, refinement):
         assert torch.equal(getattr(merged, field), getattr(whole, field)), field
     assert merged.step_scores == whole.step_scores and merged.extracted == whole.extracted
     assert merged.metrics.keys() == whole.metrics.keys()
-    for key, value in whole.metrics.items():
-        assert merged.metrics[key] == pytest.approx(value, rel=1e-6), key
+    num_terms = 2 * (len(batch) + int(whole.num_steps.sum())) + 3  # each replica's sums, then the 3 re-weighted
+    bounds = {key: tol.rounding(num_terms, tol.scale_of(value)) for key, value in whole.metrics.items()}
+    tol.assert_scalars_close(merged.metrics, whole.metrics, bounds)
 
 
 def test_merge_reward_batches_worked_example_and_disagreeing_eta():

@@ -16,6 +16,7 @@ from rewards.reward_model import (
     window_ids,
 )
 from rewards.segment import Step, split_steps
+from tests import tolerance as tol
 
 QUESTION = "Start with 7. Add 5, then multiply by 3. What is the result?"
 RESPONSES = [
@@ -23,6 +24,13 @@ RESPONSES = [
     "7 + 5 = 12\n\nThe answer is \\boxed{12}.",  # K = 2
     "7 + 5 = 12\n\n12 * 3 = 36\n\nStep ready.\n\nThe answer is \\boxed{36}.",  # K = 4, a junk step
 ]
+
+
+def score_bound(model_dir, num_tokens: int = 2 * (len(QUESTION) + max(map(len, RESPONSES)))) -> float:
+    """Rule 1 of tests/tolerance.py for scores in [0, 1] read from inputs of up to ``num_tokens``
+    (by default the question and a response with its step tags: at most twice their characters): one
+    forward pass, through the LM head's softmax for a step-tag PRM."""
+    return tol.rounding(tol.Reductions.of(model_dir).forward(num_tokens))
 
 
 @pytest.fixture(scope="module")
@@ -75,8 +83,10 @@ def test_plan_windows_worked_example():
     assert plan_windows(30, [29], 12, 10) == [(25, 30, [29])]  # a long question keeps at most half the window
 
 
+@pytest.mark.equivalence
 def test_truncated_prm_keeps_the_question_and_c1(rm_dirs):
-    """Inputs longer than max_length used to lose their start (question, step 1): c_1 was wrong."""
+    """Inputs longer than max_length used to lose their start (question, step 1): c_1 was wrong. Now
+    it is the untruncated one's, up to the rounding of a shorter input's sums (tests/tolerance.py)."""
     steps = steps_of("\n\n".join(f"{i} + {i} = {2 * i}" for i in range(1, 30)))
     full = load_reward_model(rm_dirs["prm"], RewardModelConfig(), RewardKind.prm)
     text, reads = rm_input(full.fmt, QUESTION, steps)
@@ -84,7 +94,7 @@ def test_truncated_prm_keeps_the_question_and_c1(rm_dirs):
     short = load_reward_model(rm_dirs["prm"], RewardModelConfig(max_length=num_tokens // 3), RewardKind.prm)
     exact, cut = full.score_steps([QUESTION], [steps])[0], short.score_steps([QUESTION], [steps])[0]
     assert len(cut) == len(exact) == len(steps)
-    assert cut[0] == pytest.approx(exact[0], abs=1e-5)  # step 1 with the question, exactly as untruncated
+    tol.assert_close(torch.tensor(cut[0]), torch.tensor(exact[0]), score_bound(rm_dirs["prm"], num_tokens))
     windows = short._windows(QUESTION, text, reads)
     assert len(windows) >= 3 and all(len(ids) <= num_tokens // 3 for ids, _ in windows)
     assert sum(len(r) for _, r in windows) == len(steps)
@@ -93,6 +103,7 @@ def test_truncated_prm_keeps_the_question_and_c1(rm_dirs):
     assert short.tokenizer.decode(ids).startswith(QUESTION) and read == len(ids) - 1
 
 
+@pytest.mark.equivalence
 def test_value_head_prm_scores(rm_dirs):
     prm = load_reward_model(rm_dirs["prm"], RewardModelConfig(batch_size=2), RewardKind.prm)
     assert prm.readout == Readout.value_head
@@ -100,17 +111,17 @@ def test_value_head_prm_scores(rm_dirs):
     assert [len(s) for s in scores] == [1, 2, 4]
     assert all(0.0 <= c <= 1.0 for s in scores for c in s)
     one_by_one = [prm.score_steps([QUESTION], [steps_of(r)])[0] for r in RESPONSES]
-    assert torch.allclose(
-        torch.tensor(sum(scores, [])), torch.tensor(sum(one_by_one, [])), atol=1e-5
-    )  # padding is inert
+    bound = score_bound(rm_dirs["prm"])
+    tol.assert_close(torch.tensor(sum(scores, [])), torch.tensor(sum(one_by_one, [])), bound)  # padding is inert
     # A causal model reads step k from the prefix only: appending steps does not move earlier scores.
     longer = prm.score_steps([QUESTION], [steps_of(RESPONSES[1] + "\n\nmore\n\nsteps")])[0]
-    assert longer[:1] == pytest.approx(scores[1][:1], abs=1e-5)
+    tol.assert_close(torch.tensor(longer[:1]), torch.tensor(scores[1][:1]), bound)
 
 
+@pytest.mark.equivalence
 def test_plan_micro_batches_split_each_call_and_batch_size_caps_them(rm_dirs):
     """3 responses: one forward by default; 2 with num_microbatches=2 (2 rows + 1 row); 3 with
-    num_microbatches=2 and batch_size=1 (the cap wins). Same scores every time."""
+    num_microbatches=2 and batch_size=1 (the cap wins). Same scores every time (tests/tolerance.py)."""
     steps = [steps_of(r) for r in RESPONSES]
     expected = load_reward_model(rm_dirs["prm"], RewardModelConfig(), RewardKind.prm).score_steps([QUESTION] * 3, steps)
     for batch_size, num_microbatches, sizes in [(16, 1, [3]), (16, 2, [2, 1]), (1, 2, [1, 1, 1])]:
@@ -125,9 +136,10 @@ def test_plan_micro_batches_split_each_call_and_batch_size_caps_them(rm_dirs):
         prm.reader.body = counting
         scores = prm.score_steps([QUESTION] * 3, steps)
         assert seen == sizes
-        assert torch.allclose(torch.tensor(sum(scores, [])), torch.tensor(sum(expected, [])), atol=1e-5)
+        tol.assert_close(torch.tensor(sum(scores, [])), torch.tensor(sum(expected, [])), score_bound(rm_dirs["prm"]))
 
 
+@pytest.mark.equivalence
 def test_step_tag_prm_reads_good_over_good_plus_bad(rm_dirs):
     from transformers import AutoModelForCausalLM
 
@@ -143,9 +155,10 @@ def test_step_tag_prm_reads_good_over_good_plus_bad(rm_dirs):
         probs = model(torch.tensor([ids])).logits[0].softmax(-1)
     good, bad = prm.tokenizer.convert_tokens_to_ids(["+", "-"])
     expected = [(probs[p, good] / (probs[p, good] + probs[p, bad])).item() for p in positions]
-    assert scores == pytest.approx(expected, abs=1e-5)
+    tol.assert_close(torch.tensor(scores), torch.tensor(expected), score_bound(rm_dirs["lm"], len(ids)))
 
 
+@pytest.mark.equivalence
 def test_orm_scores_one_per_response(rm_dirs):
     from transformers import AutoModelForSequenceClassification
 
@@ -156,7 +169,7 @@ def test_orm_scores_one_per_response(rm_dirs):
     ids = orm.tokenizer(f"{QUESTION}\n\n{RESPONSES[0]}").input_ids
     with torch.no_grad():
         expected = torch.sigmoid(model(torch.tensor([ids])).logits[0, 0]).item()
-    assert scores[0] == pytest.approx(expected, abs=1e-5)
+    tol.assert_close(torch.tensor(scores[0]), torch.tensor(expected), score_bound(rm_dirs["orm"], len(ids)))
 
 
 def test_readout_that_does_not_fit_the_kind_fails(rm_dirs):
@@ -166,8 +179,10 @@ def test_readout_that_does_not_fit_the_kind_fails(rm_dirs):
         load_reward_model(rm_dirs["lm"], RewardModelConfig(readout=Readout.step_tag, good_token="plus"), RewardKind.prm)
 
 
+@pytest.mark.equivalence
 def test_policy_and_reward_model_with_different_tokenizers(rm_dirs):
-    """The RM re-tokenizes the text; its K scores land on the policy's K step-end tokens."""
+    """The RM re-tokenizes the text; its K scores land on the policy's K step-end tokens (their sum
+    over a row is an fp32 sum of the K scores: rule 1 of tests/tolerance.py)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -201,4 +216,5 @@ def test_policy_and_reward_model_with_different_tokenizers(rm_dirs):
     out = reward(samples)
     expected = prm.score_steps([QUESTION] * 3, [steps_of(r) for r in RESPONSES])
     assert out.step_scores == expected and out.num_steps.tolist() == [1, 2, 4]
-    assert out.token_rewards.sum(dim=1).tolist() == pytest.approx([sum(c) for c in expected], abs=1e-5)
+    sums = torch.tensor([sum(c) for c in expected])
+    tol.assert_close(out.token_rewards.sum(dim=1), sums, tol.rounding(max(map(len, expected)), tol.scale_of(sums)))

@@ -13,6 +13,7 @@ from rewards.config import Readout, Refinement, RewardConfig, RewardKind, Reward
 from rewards.rm_config import RMKind, RMTrainConfig, SyntheticRMData, builtin_config, config_key
 from rewards.rm_data import RMDataError, RMExample, _junk, load_examples, synthetic_examples, write_examples
 from rewards.train_rm import train_reward_model
+from tests import tolerance as tol
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -117,9 +118,11 @@ def tiny_run(kind: RMKind, readout: Readout = Readout.auto) -> RMTrainConfig:
     )
 
 
+@pytest.mark.equivalence
 def test_auxiliary_lm_loss_is_the_causal_lm_loss_on_response_tokens(tiny_model_dir):
     """For a step-tag PRM (a causal LM), lm_loss equals HF's own loss with the question and the
-    tag read positions masked out."""
+    tag read positions masked out (rule 1 of tests/tolerance.py: a forward pass, then the mean over
+    the tokens)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -140,7 +143,8 @@ def test_auxiliary_lm_loss_is_the_causal_lm_loss_on_response_tokens(tiny_model_d
         labels[0, : e.lm_start] = -100
         labels[0, [r + 1 for r in e.reads if r + 1 < len(e.ids)]] = -100  # the token after a read position
         expected = model(input_ids=ids, labels=labels).loss
-    assert ours.item() == pytest.approx(expected.item(), rel=1e-5)
+    bound = tol.rounding(tol.Reductions.of(tiny_model_dir).forward(len(e.ids)) + len(e.ids), tol.scale_of(expected))
+    tol.assert_close(ours, expected, bound)
 
 
 @pytest.fixture(scope="module")

@@ -45,6 +45,9 @@ def _kill_a_device_process_once(run_dir: Path, proc: subprocess.Popen, after_che
 
 
 def test_a_killed_device_process_restarts_from_the_checkpoint_and_ends_as_an_uninterrupted_run(tmp_path):
+    """The restarted run's metrics equal the uninterrupted run's bit for bit, timings aside: both run
+    the same sums in the same order on one machine, under every CPU kernel set (docs/development.md,
+    "Tolerances")."""
     clean = subprocess.run(
         [sys.executable, "train.py", *SMALL, f"hydra.run.dir={tmp_path / 'clean'}"],
         cwd=ROOT,

@@ -44,7 +44,8 @@ def test_dr_grpo_trains_without_a_critic_or_a_reference(tmp_path):
 @pytest.mark.parametrize("algorithm", ["grpo", "rloo", "reinforce_pp"])
 def test_every_critic_free_algorithm_trains_and_resumes(algorithm, tmp_path):
     """Two iterations with PRM Clip-Delta rewards (process rewards in the estimator), then one more from the
-    checkpoint: the resumed run's first two rows are the uninterrupted ones."""
+    checkpoint: the resumed run's first two rows are the uninterrupted ones, bit for bit (one machine runs the
+    same sums in the same order, under every CPU kernel set)."""
     common = [f"algorithm={algorithm}", "+reward=prm_clip_delta", *SMALL, "run.checkpoint_every=1"]
     proc = _train([*common, "run.num_iterations=2", f"hydra.run.dir={tmp_path}"])
     _check_run(tmp_path, proc, algorithm, 2)
