@@ -315,15 +315,36 @@ def _score_bound(model_dir: str, samples: list) -> float:
     return tol.rounding(2 * tol.Reductions.of(model_dir).forward(longest))
 
 
-def test_reward_workers_get_the_plans_micro_batches_and_offload():
+@pytest.mark.parametrize(
+    "algorithm, calls, roles",
+    [
+        ("ppo", DISJOINT.calls, ["actor", "critic", "critic_inf", "ref", "reward"]),
+        ("grpo", {c: DISJOINT.calls[c] for c in ("actor_gen", "actor_train", "ref_inf")}, ["actor", "ref", "reward"]),
+        ("grpo_without_kl", {c: DISJOINT.calls[c] for c in ("actor_gen", "actor_train")}, ["actor", "reward"]),
+    ],
+    ids=["ppo", "grpo", "grpo_without_kl"],
+)
+def test_recipes_cover_the_plans_roles_and_reward_workers_get_its_micro_batches_and_offload(algorithm, calls, roles):
+    """The driver builds a worker recipe for exactly the roles whose calls the plan has (a critic-free plan
+    none for the critic, one without ref_inf none for the reference), each from the inputs the driver
+    passes, and the reward workers take rew_inf's micro-batches and offload."""
+    from ppo.config import AlgorithmConfig, Estimator
     from runtime.device.reward import RewardShard
+    from runtime.device.shards import PolicyShard
     from runtime.driver import _recipes
 
-    plan = _plan(**{**DISJOINT.calls, "rew_inf": CallAllocation((4,), num_microbatches=4, offload=True)})
-    reward = {"reward_cfg": None, "tokenizer_dir": "unused", "device": "cpu"}
-    worker_cls, kwargs = _recipes(plan, {}, {}, {"policy_dir": "", "critic_dir": "", "temperature": 1.0}, reward)[
-        "reward"
-    ]
+    config = {
+        "ppo": AlgorithmConfig(),
+        "grpo": AlgorithmConfig(name="grpo", estimator=Estimator.grpo),
+        "grpo_without_kl": AlgorithmConfig(name="grpo", estimator=Estimator.grpo, kl_coef=0.0),
+    }[algorithm]
+    plan = _plan(**{**calls, "rew_inf": CallAllocation((4,), num_microbatches=4, offload=True)})
+    dirs = dict(policy_dir="p", critic_dir="c", temperature=1.0, algorithm=config, loss_norm_tokens=1)
+    reward = {"reward_cfg": None, "tokenizer_dir": "p", "device": "cpu"}
+    recipes = _recipes(plan, {}, {}, dirs, reward)
+    assert sorted(recipes) == roles
+    assert recipes["actor"][0] is PolicyShard and recipes["actor"][1]["algorithm"] is config
+    worker_cls, kwargs = recipes["reward"]
     assert worker_cls is RewardShard and (kwargs["num_microbatches"], kwargs["offload"]) == (4, True)
 
 
