@@ -83,8 +83,8 @@ def test_resume_continues_from_the_last_checkpoint(tmp_path):
 def test_the_dry_run_writes_the_plan_the_run_searches(tiny_model_dir, tmp_path):
     """local_cpu searches its plan at start; the dry run prices the same prompts (its longest rendered one)
     with the same seed, so the plan.yaml it writes is the one the run writes, byte for byte on every CPU
-    kernel set. ``tiny_model_dir``: the model is
-    built, so the dry run finds its tokenizer (it builds nothing itself)."""
+    kernel set. ``tiny_model_dir``: the model is built, so the dry run finds its tokenizer (it builds
+    nothing itself)."""
     dry = _train(["run.dry_run=true", *SMALL, f"hydra.run.dir={tmp_path / 'dry'}"])
     assert dry.returncode == 0, dry.stderr[-3000:]
     assert "prompts: the longest training prompt is" in dry.stdout

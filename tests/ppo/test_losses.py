@@ -13,6 +13,7 @@ from ppo.losses import (
     value_clip_range,
     value_loss,
 )
+from tests import tolerance as tol
 
 
 def test_policy_loss_four_clipping_cases():
@@ -138,6 +139,9 @@ def test_raw_value_clip_stalls_a_zero_critic_on_large_returns_and_return_std_sca
 
 
 def test_logsumexp_in_row_blocks_equals_one_call_values_and_gradients(monkeypatch):
+    """Rows in blocks of 2, 2 and 1 give one call's values and gradients bit for bit, on every CPU kernel
+    set: each row's logsumexp and its softmax gradient sum only that row's terms, in the same order
+    whichever block holds the row (no sum runs across rows)."""
     import ppo.losses as L
 
     torch.manual_seed(0)
@@ -166,10 +170,29 @@ def test_head_logprobs_worked_example():
     assert head_logprobs(hidden, weight, torch.tensor([0]))[1] is None  # no entropy unless asked
 
 
+def _head_bound(hidden, weight, tokens, temperature, up_logprobs, up_entropy) -> float:
+    """Rule 1 of tests/tolerance.py for ``head_logprobs`` in blocks against the full logits, for its values
+    and both gradients: the sums along the longest path are the logits' (H = 8 terms), the vocabulary's
+    logsumexp and entropy (V = 50 each), then the backward's into the hidden state (V) or the weight
+    (N = 10 rows): 8 + 3 * 50 + 10 = 168 terms, at the largest sum of |terms| on the path (computed in float64
+    from the reference: |h| |w|^T / T for z, |dL/d(hw)| |w| and |dL/d(hw)|^T |h| for the gradients)."""
+    logits = torch.nn.functional.linear(hidden, weight)[None].requires_grad_()
+    loss = logprobs_from_logits(logits, tokens[None], temperature)[0] * up_logprobs
+    if up_entropy is not None:
+        loss = loss + entropy_from_logits(logits, temperature)[0] * up_entropy
+    (grad_z,) = torch.autograd.grad(loss.sum(), logits)
+    h, w, dz = hidden.double().abs(), weight.double().abs(), grad_z[0].double().abs()
+    scale = max(1.0, float((h @ w.T).max()) / temperature, float((dz @ w).max()), float((dz.T @ h).max()))
+    num_rows, num_hidden = hidden.shape
+    return tol.rounding(num_hidden + 3 * weight.shape[0] + num_rows, scale)
+
+
+@pytest.mark.equivalence
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_head_logprobs_in_blocks_equal_the_full_logits_values_and_gradients(temperature):
-    # 10 rows in blocks of 3 (the last block short): the same values as the logits path, and the same
-    # gradients for hidden and weight through both the logprobs and the entropy.
+    """10 rows in blocks of 3 (the last block short): the values of the logits path, and the gradients for
+    hidden and weight through both the logprobs and the entropy, within rule 1 of tests/tolerance.py (the
+    weight's gradient sums the rows a block at a time: another order, ``_head_bound``)."""
     g = torch.Generator().manual_seed(0)
     hidden, weight = torch.randn(10, 8, generator=g), torch.randn(50, 8, generator=g)
     tokens = torch.randint(0, 50, (10,), generator=g)
@@ -185,15 +208,17 @@ def test_head_logprobs_in_blocks_equal_the_full_logits_values_and_gradients(temp
         logprobs, entropy = fn(h, w)
         (logprobs * up_logprobs + entropy * up_entropy).sum().backward()
         grads.append((logprobs.detach(), entropy.detach(), h.grad, w.grad))
-    for want, got in zip(*grads):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    bound = _head_bound(hidden, weight, tokens, temperature, up_logprobs, up_entropy)
+    for name, want, got in zip(("logprobs", "entropy", "hidden grad", "weight grad"), *grads):
+        tol.assert_close(got, want, bound, msg=name)
     # Only the logprobs in the loss: the entropy's gradient is left out, not zero-filled into it.
     h = hidden.clone().requires_grad_()
     logprobs, _ = head_logprobs(h, weight, tokens, temperature, block_rows=4)
     (logprobs * up_logprobs).sum().backward()
     want_h = hidden.clone().requires_grad_()
     (full(want_h, weight)[0] * up_logprobs).sum().backward()
-    torch.testing.assert_close(h.grad, want_h.grad, atol=1e-5, rtol=1e-5)
+    bound = _head_bound(hidden, weight, tokens, temperature, up_logprobs, None)
+    tol.assert_close(h.grad, want_h.grad, bound, msg="hidden grad, logprobs only")
 
 
 def test_loss_aggregations_by_hand():

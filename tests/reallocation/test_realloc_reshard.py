@@ -1,5 +1,6 @@
 """Resharding on real gloo ranks: every destination shard equals the same slice of the unsharded
-reference, bit for bit, for the issue's layout pairs and back, and the baseline agrees.
+reference, bit for bit, for the issue's layout pairs and back, and the baseline (gather, then
+broadcast) agrees. Exactly on every CPU kernel set: resharding copies bytes and casts, it sums nothing.
 
 One spawn per world size runs all pairs (process start-up dominates on 2 cores); each pair is
 then checked by its own test.

@@ -1,5 +1,5 @@
 """Weight sync entry points that need no extra processes (multi-rank sync is covered in
-test_realloc_parallelize.py on real FSDP2 / TP models), and the NCCL path (gpu marker)."""
+tests/models/test_parallelize.py on real FSDP2 / TP models), and the NCCL path (gpu marker)."""
 
 import pytest
 import torch

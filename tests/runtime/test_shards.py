@@ -657,8 +657,9 @@ def _one_share(data, rank: int):
 def test_bf16_reference_logprobs_equal_the_fsdp_policys_at_iteration_zero(tiny_model_dir, tmp_path):
     """bf16 over gloo: the policy in 2 FSDP2 ranks (float32 master weights, cast to bf16 per layer) and
     a reference replica per rank holding bf16 weights compute the same logprobs, bit for bit on every
-    kernel set (the same bf16 weights through the same sums): KL is 0 before the first update. Element sizes are the cost model's: 2 B a frozen weight, 4 B a master
-    weight and 8 B of Adam state (planning.lifecycle)."""
+    kernel set (the same bf16 weights through the same sums): KL is 0 before the first update. Element
+    sizes are the cost model's: 2 B a frozen weight, 4 B a master weight and 8 B of Adam state
+    (planning.lifecycle)."""
     model_dir = str(tiny_model_dir)
     batch = make_batch()
     policy = PolicyShard(model_dir=model_dir, ppo=PPO, num_iterations=1)
