@@ -42,7 +42,7 @@ def test_the_summary_applies_the_pre_registered_rules(tmp_path, capsys):
     assert summary["decisions"] == {
         "D1_raw_prm_hacks": True,
         "D2_clip_delta_resists_at_full_strength": False,
-        "D3_structure_not_weakness": False,
+        "D3_structure_not_weakness": None,  # no prm_alpha_matched run finished: pending
     }
     assert [r["run"] for r in summary["pilot"]["runs"]] == ["prm_seed10", "prm_seed11"]
     assert summary["examples"] and "1 + 2 = 3" in summary["examples"][0]["response"]
@@ -50,3 +50,26 @@ def test_the_summary_applies_the_pre_registered_rules(tmp_path, capsys):
     main([str(tmp_path / "out" / "runs"), "--out", str(tmp_path / "out")])
     assert [(tmp_path / "out" / n).read_text() for n in ("summary.md", "summary.json")] == first
     assert "D1, raw PRM hacks here (on at least 4 of 5 seeds): yes" in first[0]
+
+
+def test_a_decision_waits_for_the_runs_that_could_change_it(tmp_path):
+    """Raw PRM hacking on 2 of the first 2 seeds leaves D1 open (2 of the 3 to come would make it 4 of 5);
+    on 0 of the first 2 it is decided: at most 3 of 5 can hack."""
+    for seed in (0, 1):
+        _run(tmp_path / "a", f"success_seed{seed}", "success", seed, "1111100000", steps=(3.0,) * 6)
+        _run(tmp_path / "a", f"prm_seed{seed}", "prm", seed, "0000000000", steps=(3.0,) + (9.0,) * 5)
+        _run(tmp_path / "b", f"prm_seed{seed}", "prm", seed, "1111100000", steps=(3.0,) * 6)
+    for name in ("a", "b"):
+        (tmp_path / name / "decision.json").write_text(json.dumps({"rule": "r", "num_iterations": 80}))
+        main([str(tmp_path / name), "--out", str(tmp_path / f"out_{name}")])
+    pending = json.loads((tmp_path / "out_a" / "summary.json").read_text())["decisions"]
+    assert pending["D1_raw_prm_hacks"] is None
+    assert (
+        "D1, raw PRM hacks here (on at least 4 of 5 seeds): pending" in (tmp_path / "out_a" / "summary.md").read_text()
+    )
+    decided = json.loads((tmp_path / "out_b" / "summary.json").read_text())["decisions"]
+    assert decided == {
+        "D1_raw_prm_hacks": False,
+        "D2_clip_delta_resists_at_full_strength": None,
+        "D3_structure_not_weakness": None,
+    }
