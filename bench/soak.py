@@ -6,16 +6,19 @@ launches ``train.py run.num_iterations=300 run.eval_every=50 run.name=soak`` (th
 options are passed on) and every ``--interval`` seconds samples the resident set size (RSS) of every
 process below the driver. Each process is named by what realm records in the run directory, not by its
 name: the driver (the launched pid), realm's watchdog (``processes.json``), each device process and the
-engine beside it (``placement.json``: ``pid`` and ``companion_pids``). Grader workers, which no record
-names, are the children of the driver or of a device process started with the boot line of
-``mathtask/grading/pool.py``; everything else below the driver is Ray's own (GCS, raylet, dashboard,
-agents, idle workers) and is listed apart. A sample belongs to the iteration that is running when it is
+engine beside it (``placement.json``: ``pid`` and ``companion_pids``). Processes no record names are told
+apart by the process tree and how they started: realm's other Ray actors (its ``RayHost`` class: the
+grader-only reward actor), grader workers (children of the driver, a device process or such an actor
+started with the boot line of ``mathtask/grading/pool.py``); everything else below the driver is Ray's
+own (GCS, raylet, dashboard, agents, idle workers) and is listed apart. A sample belongs to the
+iteration that is running when it is
 taken: the one after the last iteration ``metrics.jsonl`` holds (0: set-up and the first evaluation).
 
-The report (written atomically once the run ends) holds, per process, one value per iteration: the
+The report (written atomically every ``--report-every`` iterations, ``"complete": false`` until the run
+ends) holds, per process, one value per iteration: the
 largest RSS sampled while that iteration ran, in MB (10^6 bytes). ``max_rss_growth_last_200`` is the
-largest relative growth of any realm process (driver, watchdog, device processes, engines, grader
-workers) over the last 200 iterations: its RSS at the last iteration over its RSS at iteration
+largest relative growth of any realm process (driver, watchdog, device processes, engines, other
+actors, grader workers) over the last 200 iterations: its RSS at the last iteration over its RSS at iteration
 ``num_iterations - 200``, minus 1. Ray's processes have their own growths beside it. The load average
 is sampled with the memory, since a loaded machine runs the same iterations more slowly.
 """
@@ -25,10 +28,11 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +40,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 GRADER_BOOT = "mathtask.grading.worker"
 """In the ``python -c`` line every grader worker starts with (``mathtask/grading/pool.py``, ``_BOOT``)."""
-REALM_KINDS = ("driver", "watchdog", "device", "engine", "grader", "other")
+REALM_KINDS = ("driver", "watchdog", "device", "engine", "host", "grader", "other")
 """Kinds whose growth ``max_rss_growth_last_200`` covers; "ray" is Ray's own processes, listed apart."""
 MB = 1e6
 
@@ -67,8 +71,11 @@ class Labels:
 
     kinds: dict[str, str] = field(default_factory=dict)
     pids: dict[str, list[int]] = field(default_factory=dict)
+    by_pid: dict[int, tuple[str, str]] = field(default_factory=dict)
+    """pid -> (kind, label) of the last sample: what ``classify`` keeps for a process no record names."""
 
     def note(self, label: str, kind: str, pid: int) -> None:
+        self.by_pid[pid] = (kind, label)
         self.kinds[label] = kind
         seen = self.pids.setdefault(label, [])
         if pid not in seen:
@@ -82,27 +89,67 @@ def _ray_name(cmdline: str) -> str:
     if not words:
         return "?"
     prog = Path(words[0]).name
-    if prog.startswith("python") and len(words) > 1 and words[1].endswith(".py"):
-        return Path(words[1]).stem
-    if prog.startswith("python") and len(words) > 2 and words[1] == "-u" and words[2].endswith(".py"):
-        return Path(words[2]).stem
+    script = next((w for w in words[1:3] if w.endswith(".py")), None)
+    if prog.startswith("python") and script is not None:
+        return Path(script).stem
     return prog.removeprefix("ray::")
 
 
+def _host_name(cmdline: str) -> str | None:
+    """For an actor of realm's ``RayHost`` (``runtime/placement.py``), the actor's name when Ray's title
+    shows it (``ray::reward-0-0:RayHost.__init__`` -> "reward-0-0"), else ""; None for any other process."""
+    title = cmdline.split()[0] if cmdline.split() else ""
+    if not title.startswith("ray::") or "RayHost" not in title:
+        return None
+    name, _, _ = title.removeprefix("ray::").partition(":")
+    return "" if name.startswith("RayHost") else name
+
+
 def classify(
-    procs: Mapping[int, ProcInfo], driver: int, placement: Mapping[str, Any], record: Mapping[str, Any]
+    procs: Mapping[int, ProcInfo],
+    driver: int,
+    placement: Mapping[str, Any],
+    record: Mapping[str, Any],
+    known: Mapping[int, tuple[str, str]] | None = None,
 ) -> dict[int, tuple[str, str]]:
     """pid -> (kind, label) for the driver and every process in ``procs`` (the driver's descendants).
 
     The driver, the watchdog ``record`` (``processes.json``) names, and the device processes and their
-    engines (``placement.json``) are named by their records. A grader worker is a process started with
-    ``GRADER_BOOT`` whose parent is the driver or a device process; any other descendant of a device
-    process or engine is "other" (its parent's label, then its pid); all that is left is Ray's.
+    engines (``placement.json``) are named by their records, which always win. A process no record names
+    keeps the label it had in ``known`` (an earlier sample's: Ray retitles its actors as they run calls):
+    realm's other actors (``RayHost``: the grader-only reward actor) are "host" by their Ray name; a grader
+    worker is a process started with ``GRADER_BOOT`` whose parent is the driver, a device process or a host;
+    any other descendant of those actors is "other" (its ancestor's label, then its pid); the rest is Ray's.
 
     Worked example: driver 10 with children 11 (watchdog), 12 (raylet), 13 (grader); the raylet's
-    children 20 (device 0), 21 (its engine), 22 (DashboardAgent); placement {"0": {"pid": 20,
-    "companion_pids": {"engine": 21}}} -> 10 driver, 11 watchdog, 20 "device 0", 21 "engine 0",
-    13 "grader 13 (driver)", 12 "ray raylet 12", 22 "ray DashboardAgent 22"."""
+    children 20 (device 0), 21 (its engine), 22 (DashboardAgent), 23 (``ray::reward-0-0:RayHost``);
+    placement {"0": {"pid": 20, "companion_pids": {"engine": 21}}} -> 10 driver, 11 watchdog,
+    20 "device 0", 21 "engine 0", 23 "host reward-0-0", 13 "grader 13 (driver)", 12 "ray raylet 12",
+    22 "ray DashboardAgent 22"."""
+    known = known or {}
+    out = _by_records(procs, driver, placement, record)
+    for pid in sorted(procs):
+        host = _host_name(procs[pid].cmdline)
+        if pid not in out and host is not None:
+            out[pid] = known.get(pid) or ("host", f"host {host or pid}")
+    owners = {pid: label for pid, (kind, label) in out.items() if kind in ("driver", "device", "host")}
+    for pid in sorted(procs):
+        info = procs[pid]
+        if pid not in out and GRADER_BOOT in info.cmdline and info.ppid in owners:
+            out[pid] = ("grader", f"grader {pid} ({owners[info.ppid]})")
+    for pid in sorted(procs):
+        if pid not in out:
+            ancestor = _realm_ancestor(pid, procs, out)
+            mine = ("other", f"{ancestor} child {pid}") if ancestor is not None else None
+            out[pid] = known.get(pid) or mine or ("ray", f"ray {_ray_name(procs[pid].cmdline)} {pid}")
+    return out
+
+
+def _by_records(
+    procs: Mapping[int, ProcInfo], driver: int, placement: Mapping[str, Any], record: Mapping[str, Any]
+) -> dict[int, tuple[str, str]]:
+    """The processes the run's records name: the driver, the watchdog, device processes and engines
+    (a record left by an earlier launch names pids not in ``procs``: they are not used)."""
     out: dict[int, tuple[str, str]] = {driver: ("driver", "driver")}
     watchdog = (record.get("watchdog") or {}).get("pid")
     if isinstance(watchdog, int) and watchdog in procs:
@@ -113,31 +160,17 @@ def classify(
         for kind, pid in (where.get("companion_pids") or {}).items():
             if pid in procs:
                 out[pid] = (kind if kind == "engine" else "other", f"{kind} {device}")
-    owners = {pid: label for pid, (kind, label) in out.items() if kind in ("driver", "device")}
-    for pid in sorted(procs):
-        if pid in out:
-            continue
-        info = procs[pid]
-        if GRADER_BOOT in info.cmdline and info.ppid in owners:
-            out[pid] = ("grader", f"grader {pid} ({owners[info.ppid]})")
-    for pid in sorted(procs):
-        if pid not in out:
-            ancestor = _realm_ancestor(pid, procs, out)
-            if ancestor is not None:
-                out[pid] = ("other", f"{ancestor} child {pid}")
-            else:
-                out[pid] = ("ray", f"ray {_ray_name(procs[pid].cmdline)} {pid}")
     return out
 
 
 def _realm_ancestor(pid: int, procs: Mapping[int, ProcInfo], named: Mapping[int, tuple[str, str]]) -> str | None:
-    """The label of the nearest device process or engine above ``pid``, if any (the driver does not count:
-    every process here is below it)."""
+    """The label of the nearest device process, engine or host above ``pid``, if any (the driver does not
+    count: every process here is below it)."""
     seen: set[int] = set()
     parent = procs[pid].ppid
     while parent in procs and parent not in seen:
         seen.add(parent)
-        if parent in named and named[parent][0] in ("device", "engine"):
+        if parent in named and named[parent][0] in ("device", "engine", "host"):
             return named[parent][1]
         parent = procs[parent].ppid
     return None
@@ -282,7 +315,8 @@ def take_sample(driver: int, run_dir: Path, labels: Labels, iteration: int, t0: 
     if driver_rss is None:
         return None
     procs = snapshot(driver)
-    named = classify(procs, driver, _read_json(run_dir / "placement.json"), _read_json(run_dir / "processes.json"))
+    records = _read_json(run_dir / "placement.json"), _read_json(run_dir / "processes.json")
+    named = classify(procs, driver, *records, known={p: n for p, n in labels.by_pid.items() if p in procs})
     rss = {"driver": driver_rss}
     for pid, (kind, label) in named.items():
         labels.note(label, kind, pid)
@@ -311,25 +345,37 @@ class Progress:
         top = sorted(sample.rss.items(), key=lambda kv: -kv[1])[:3]
         mem = ", ".join(f"{label} {v / MB:.0f} MB" for label, v in top)
         per = f"{rate:.2f} it/min" if rate else "-"
-        return f"[soak] iteration {done}/{self.num_iterations} | {per} | {eta} | load {sample.load_1min:.1f} | {mem}"
+        return (
+            f"[soak] {done}/{self.num_iterations} iterations done | {per} | {eta} | load {sample.load_1min:.1f} | {mem}"
+        )
 
 
 def report(
-    samples: list[Sample], labels: Labels, metrics_text: str, num_iterations: int, window: int, meta: dict[str, Any]
+    samples: list[Sample],
+    labels: Labels,
+    metrics_text: str,
+    num_iterations: int,
+    window: int,
+    meta: dict[str, Any],
+    done: int | None = None,
 ) -> dict[str, Any]:
-    """The soak's JSON: growths, held-out success, per-process series, the command and the load."""
-    series = per_iteration(samples, num_iterations)
-    grown = growths(series, num_iterations, window)
+    """The soak's JSON: growths, held-out success, per-process series, the command and the load. With
+    ``done`` < ``num_iterations`` (a report while the run goes on), the series and growths end at ``done``."""
+    done = num_iterations if done is None else done
+    series = per_iteration(samples, done)
+    grown = growths(series, done, window)
     worst, worst_growth = largest(grown, labels.kinds, REALM_KINDS)
     ray_worst, ray_growth = largest(grown, labels.kinds, ("ray",))
     success = heldout(metrics_text)
     loads = [s.load_1min for s in samples]
     return {
         "num_iterations": num_iterations,
+        "iterations_done": done,
+        "complete": done >= num_iterations,
         f"max_rss_growth_last_{window}": worst_growth,
         "max_rss_growth_process": worst,
         "window": window,
-        "growth_from_iteration": max(num_iterations - window, 1),
+        "growth_from_iteration": max(done - window, 1),
         "ray_max_rss_growth": ray_growth,
         "ray_max_rss_growth_process": ray_worst,
         "heldout_success_at_100": success.get(100),
@@ -343,7 +389,7 @@ def report(
             "load_1min_max": round(max(loads), 2) if loads else None,
         },
         "num_samples": len(samples),
-        "series_unit": "MB (1e6 bytes): the largest RSS sampled while each iteration ran, iterations 1..num_iterations",
+        "series_unit": "MB (1e6 bytes): the largest RSS sampled while each iteration ran, iterations 1..iterations_done",
         "processes": {label: {"kind": labels.kinds[label], "pids": labels.pids[label]} for label in sorted(series)},
         "series": {label: series[label] for label in sorted(series)},
     }
@@ -359,14 +405,14 @@ def plot(data: dict[str, Any], png: Path) -> None:
     from common.files import atomic_save_figure
 
     fig, axes = plt.subplots(2, 1, figsize=(11, 9), sharex=True)
-    iterations = list(range(1, data["num_iterations"] + 1))
+    iterations = list(range(1, data["iterations_done"] + 1))
     for label, row in data["series"].items():
         ax = axes[1] if data["processes"][label]["kind"] == "ray" else axes[0]
         ax.plot(iterations, [float("nan") if v is None else v for v in row], label=label, linewidth=1)
     worst = data[f"max_rss_growth_last_{data['window']}"]
     axes[0].set_title(
         f"realm's processes: largest RSS growth from iteration {data['growth_from_iteration']} to "
-        f"{data['num_iterations']}: {data['max_rss_growth_process']} {_pct(worst)}"
+        f"{data['iterations_done']}: {data['max_rss_growth_process']} {_pct(worst)}"
     )
     axes[1].set_title("Ray's own processes")
     for ax in axes:
@@ -393,9 +439,10 @@ def parse_args(argv: list[str]) -> tuple[Any, list[str]]:
     parser.add_argument("--window", type=int, default=200, help="growth over this many last iterations")
     parser.add_argument("--name", default="soak", help="run.name: the run directory is outputs/NAME")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between samples")
+    parser.add_argument("--report-every", type=int, default=25, help="also write the report every N iterations")
     parser.add_argument("--log", type=Path, default=None, help="train.py's output (default outputs/NAME.log)")
     args, overrides = parser.parse_known_args(argv)
-    for name in ("num_iterations", "eval_every", "window"):
+    for name in ("num_iterations", "eval_every", "window", "report_every"):
         if getattr(args, name) < 1:
             parser.error(f"argument --{name.replace('_', '-')}: {getattr(args, name)} must be > 0")
     if args.interval <= 0:
@@ -408,8 +455,11 @@ def parse_args(argv: list[str]) -> tuple[Any, list[str]]:
     return args, overrides
 
 
-def monitor(proc: subprocess.Popen, run_dir: Path, num_iterations: int, interval: float) -> tuple[list[Sample], Labels]:
-    """Sample until the driver exits, printing a progress line per iteration."""
+def monitor(
+    proc: subprocess.Popen, run_dir: Path, num_iterations: int, interval: float, on_iteration: Callable[..., None]
+) -> tuple[list[Sample], Labels]:
+    """Sample until the driver exits, printing a progress line per iteration; ``on_iteration(samples,
+    labels, done)`` after each new one (a report while the run goes on)."""
     labels, samples, progress, t0 = Labels(), [], Progress(num_iterations), time.monotonic()
     metrics = run_dir / "metrics.jsonl"
     while proc.poll() is None:
@@ -421,8 +471,13 @@ def monitor(proc: subprocess.Popen, run_dir: Path, num_iterations: int, interval
             line = progress.line(last if last is not None else -1, time.monotonic(), sample)
             if line is not None and last is not None:
                 print(line, flush=True)
+                on_iteration(samples, labels, last)
         time.sleep(interval)
     return samples, labels
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt  # a SIGTERM ends the run too, as Ctrl-C does, rather than leaving it running
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -444,11 +499,25 @@ def main(argv: list[str] | None = None) -> None:
     print(f"[soak] {shown} (train.py's output: {log})", flush=True)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     t0 = time.monotonic()
+
+    def write(samples: list[Sample], labels: Labels, done: int) -> dict[str, Any]:
+        meta = {"command": shown, "commit": commit, "started_utc": started, "wall_s": round(time.monotonic() - t0)}
+        text = (run_dir / "metrics.jsonl").read_text()
+        data = report(samples, labels, text, args.num_iterations, args.window, meta, min(done, args.num_iterations))
+        atomic_write_json(args.json, data)
+        plot(data, args.png)
+        return data
+
+    def every(samples: list[Sample], labels: Labels, done: int) -> None:
+        if done > 0 and done % args.report_every == 0 and done < args.num_iterations:
+            write(samples, labels, done)
+
+    signal.signal(signal.SIGTERM, _interrupt)
     with open(log, "a") as out:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the log shows each line as the run writes it
         proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
-            samples, labels = monitor(proc, run_dir, args.num_iterations, args.interval)
+            samples, labels = monitor(proc, run_dir, args.num_iterations, args.interval, every)
         except KeyboardInterrupt:
             proc.terminate()
             proc.wait()
@@ -456,10 +525,7 @@ def main(argv: list[str] | None = None) -> None:
     if proc.returncode != 0:
         tail = log.read_text().splitlines()[-1:] or [""]
         fail(f"train.py exited with status {proc.returncode} ({log}: {tail[0]})")
-    meta = {"command": shown, "commit": commit, "started_utc": started, "wall_s": round(time.monotonic() - t0)}
-    data = report(samples, labels, (run_dir / "metrics.jsonl").read_text(), args.num_iterations, args.window, meta)
-    atomic_write_json(args.json, data)
-    plot(data, args.png)
+    data = write(samples, labels, args.num_iterations)
     print(
         f"[soak] {args.json}: max RSS growth over the last {args.window} iterations "
         f"{_pct(data[f'max_rss_growth_last_{args.window}'])} ({data['max_rss_growth_process']}), held-out success "

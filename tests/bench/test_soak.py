@@ -35,7 +35,8 @@ PYTHON_C = "/venv/bin/python -c import sys; print(1)"
 def _tree() -> dict[int, ProcInfo]:
     """A run as ps shows it: driver 10; its children the watchdog 11, Ray's GCS 12, dashboard 13, raylet 14
     and a grader worker 15; the raylet's children the device processes 20 and 21, their engines 22 and 23
-    and Ray's agent 24; a grader worker 25 under device 0, a process 26 under engine 1, and 27 under 26."""
+    Ray's agent 24 and realm's reward actor 28 (named in its title while it starts); a grader worker 25
+    under device 0, 29 under the reward actor, a process 26 under engine 1, and 27 under 26."""
     rows = [
         (11, 10, "/venv/bin/python -c import sys; from runtime.processes import Proc, watch; watch(...)"),
         (12, 10, "/venv/lib/python3.11/site-packages/ray/core/src/ray/gcs/gcs_server --log_dir=/tmp/ray"),
@@ -50,6 +51,8 @@ def _tree() -> dict[int, ProcInfo]:
         (25, 20, GRADER),
         (26, 23, PYTHON_C),
         (27, 26, GRADER),  # a grader boot line, but its parent is neither the driver nor a device process
+        (28, 14, "ray::reward-0-0:RayHost.__init__"),
+        (29, 28, GRADER),
     ]
     return {pid: ProcInfo(pid, ppid, cmd, 1000 * pid) for pid, ppid, cmd in rows}
 
@@ -78,16 +81,32 @@ def test_classify_names_processes_by_the_run_records_and_the_tree():
         25: ("grader", "grader 25 (device 0)"),
         26: ("other", "engine 1 child 26"),
         27: ("other", "engine 1 child 27"),
+        28: ("host", "host reward-0-0"),
+        29: ("grader", "grader 29 (host reward-0-0)"),
     }
 
 
-def test_classify_before_the_records_exist_calls_the_device_processes_rays():
-    """Before placement.json is written, the device processes (Ray actors below the raylet) are not
-    realm's by any record, and the watchdog is not named before processes.json."""
+def test_classify_keeps_a_label_a_later_title_would_change():
+    """Ray retitles an actor as it runs calls: once ``ray::reward-0-0:RayHost.__init__`` is labelled, the
+    same pid titled ``ray::RayHost.run_timed`` keeps the label, and an unnamed one is labelled by pid.
+    A record's label wins over an earlier one (a device process seen before placement.json existed)."""
+    tree = _tree()
+    first = classify(tree, 10, {}, RECORD)
+    assert first[20] == ("host", "host 20") and first[28] == ("host", "host reward-0-0")
+    tree[28] = ProcInfo(28, 14, "ray::RayHost.run_timed", 1)
+    assert classify(tree, 10, {}, RECORD)[28] == ("host", "host 28")
+    later = classify(tree, 10, PLACEMENT, RECORD, known=first)
+    assert later[28] == ("host", "host reward-0-0") and later[20] == ("device", "device 0")
+
+
+def test_classify_before_the_records_exist():
+    """Before placement.json is written, the device processes are realm's actors named by pid, their
+    engines too, and the watchdog is Ray's until processes.json names it."""
     named = classify(_tree(), 10, {}, {})
-    assert named[20] == ("ray", "ray RayHost.run_timed 20")
-    assert named[11][0] == "ray"
-    assert named[25] == ("ray", "ray python 25")  # a grader boot line under an unnamed process: not a grader
+    assert named[20] == ("host", "host 20") and named[23] == ("host", "host 23")
+    assert named[11] == ("ray", "ray python 11")
+    assert named[25] == ("grader", "grader 25 (host 20)")
+    assert named[26] == ("other", "host 23 child 26")
     assert named[15] == ("grader", "grader 15 (driver)")
 
 
@@ -180,6 +199,7 @@ def test_report_and_picture_from_samples(tmp_path: Path):
     assert (data["heldout_success_at_100"], data["heldout_success_final"]) == (None, 0.6)
     assert data["series"]["engine 0"] == [200.0, 205.0, 210.0]
     assert data["load"]["load_1min_mean"] == 1.0 and data["command"] == "python train.py"
+    assert data["complete"] and data["growth_from_iteration"] == 1
     json.dumps(data)  # it is written as JSON
     png = tmp_path / "soak.png"
     plot(data, png)
@@ -204,3 +224,14 @@ def test_bad_options_end_with_one_error_line(argv, message, capsys):
 def test_overrides_after_the_options_go_to_train():
     args, overrides = parse_args(["--window", "50", "algorithm=grpo", "+reward=prm"])
     assert args.window == 50 and args.num_iterations == 300 and overrides == ["algorithm=grpo", "+reward=prm"]
+
+
+def test_a_report_while_the_run_goes_on_ends_at_the_iterations_done():
+    """300 iterations asked, 2 done, window 1: the series end at 2, the growth is from 1 to 2."""
+    samples = [_sample(1, driver=100), _sample(2, driver=120), _sample(3, driver=500)]
+    labels = Labels()
+    labels.note("driver", "driver", 1)
+    data = report(samples, labels, '{"iteration": 0, "heldout/success": 0.5}\n', 300, 1, {}, done=2)
+    assert (data["num_iterations"], data["iterations_done"], data["complete"]) == (300, 2, False)
+    assert data["series"]["driver"] == [100.0, 120.0] and data["max_rss_growth_last_1"] == 0.2
+    assert data["heldout_success_final"] == 0.5
