@@ -10,7 +10,7 @@ export REALM_CACHE_DIR="${REALM_CACHE_DIR:-$PWD/.cache/realm-test}"
 # Which CPU kernels the sums run in (scripts/cpu_kernels.sh selects another set): the equivalence tests'
 # bounds hold under every set (docs/development.md, "Tolerances").
 aten="$(.venv/bin/python -c 'import torch; print(torch.backends.cpu.get_cpu_capability())' 2>/dev/null || echo unknown)"
-echo "[tests] CPU kernels: ATen ${aten}, MKL ${MKL_ENABLE_INSTRUCTIONS:-native}, oneDNN ${ONEDNN_MAX_CPU_ISA:-native}"
+echo "[tests] CPU kernels: ATen ${aten}, MKL ${MKL_ENABLE_INSTRUCTIONS:-native}, oneDNN ${ONEDNN_MAX_CPU_ISA:-native}, TorchInductor cache ${TORCHINDUCTOR_CACHE_DIR:-torch default}"
 cmd=(.venv/bin/python -m pytest -p no:cacheprovider --durations=15 "$@")
 if [ "${REALM_NO_NETNS:-0}" != "1" ] && command -v unshare >/dev/null && unshare -n true 2>/dev/null; then
   echo "[tests] running in a loopback-only network namespace"
