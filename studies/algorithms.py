@@ -118,6 +118,16 @@ def _num(x: float | None, spec: str = ".3f") -> str:
     return "–" if x is None else format(x, spec)
 
 
+def _vs_ppo(vs: dict[str, Any] | None) -> str:
+    """The paired difference in points; one pair has no interval (its t interval is undefined)."""
+    if vs is None:
+        return "–"
+    mean, half, pairs = 100 * vs["mean"], 100 * vs["half_width"], vs["pairs"]
+    if pairs < 2 or half != half:
+        return f"{mean:+.1f} (1 pair, no interval)"
+    return f"{mean:+.1f} [{mean - half:+.1f}, {mean + half:+.1f}] ({pairs} pairs)"
+
+
 def render_markdown(summary: dict[str, Any]) -> str:
     lines = [
         "# Critic-free algorithms against PPO",
@@ -130,11 +140,8 @@ def render_markdown(summary: dict[str, Any]) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for o in summary["options"]:
-        vs = o["vs_ppo"]
-        vs_text = "–" if vs is None else f"{100 * vs['mean']:+.1f} [{100 * (vs['mean'] - vs['half_width']):+.1f}, "
-        vs_text += "" if vs is None else f"{100 * (vs['mean'] + vs['half_width']):+.1f}] ({vs['pairs']} pairs)"
         cells = [o["option"], " ".join(o["seeds"]), _pm(o["before"]), _pm(o["after"]), _pm(o["gain"])]
-        cells += [f"{o['min_gain']:+.3f}", vs_text, _num(o["seconds_per_iteration"], ".1f")]
+        cells += [f"{o['min_gain']:+.3f}", _vs_ppo(o["vs_ppo"]), _num(o["seconds_per_iteration"], ".1f")]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Per run:", ""]
     lines += ["| run | iterations | before | after | steps/resp last | max truncated | KL last | equal-reward groups |"]

@@ -41,6 +41,7 @@ def test_options_pair_with_ppo_by_seed_and_regenerate_from_the_export(tmp_path):
         _run(runs, f"ppo_seed{seed}", [f"run.seed={seed}"], 0.45, ppo, 4.0)
         _run(runs, f"grpo_seed{seed}", ["algorithm=grpo", f"run.seed={seed}"], 0.45, grpo, 3.0)
     _run(runs, "grpo_prm_seed0", ["algorithm=grpo", "+reward=prm", "run.seed=0"], 0.45, 0.5, 3.5)
+    _run(runs, "rloo_seed0", ["algorithm=rloo", "run.seed=0"], 0.45, 0.72, 3.0)  # one pair: no t interval
     main([str(runs), "--out", str(tmp_path / "out"), "--export"])
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     grpo = next(o for o in summary["options"] if o["option"] == "grpo")
@@ -51,6 +52,7 @@ def test_options_pair_with_ppo_by_seed_and_regenerate_from_the_export(tmp_path):
     assert grpo["seconds_per_iteration"] == 3.0 and grpo["min_gain"] == pytest.approx(0.26)
     table = (tmp_path / "out" / "summary.md").read_text()
     assert "| grpo | 0 1 2 | 0.450 ± 0.000 | 0.733 ± 0.021 |" in table and "| grpo+prm | 0 |" in table
+    assert "| +2.0 (1 pair, no interval) |" in table
     assert (tmp_path / "out" / "curves.png").exists() and (tmp_path / "out" / "process_rewards.png").exists()
     first = (tmp_path / "out" / "summary.md").read_text(), (tmp_path / "out" / "summary.json").read_text()
     main([str(tmp_path / "out" / "runs"), "--out", str(tmp_path / "out")])
