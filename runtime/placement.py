@@ -144,6 +144,49 @@ class RayHost:
             )
 
 
+LOOPBACK = "127.0.0.1"
+
+
+def ray_init_arguments(address: str, num_cpus: int, num_gpus: int, num_cpu_devices: int) -> dict[str, Any]:
+    """``ray.init``'s arguments for ``cluster.address`` (pure). Empty: a new Ray of this process's own on
+    this node ("local": never one someone else started here), bound to loopback, with ``num_cpus``
+    CPUs, ``num_gpus`` GPUs (a one-node GPU cluster, ``cluster=gpu_1x8``, needs no ``ray start``) and
+    ``num_cpu_devices`` plan devices made of CPU. Otherwise the cluster at ``address`` ("auto": the one
+    ``ray start`` started on this node), whose resources its nodes declared themselves.
+
+    Example: ``("", 2, 8, 0)`` -> address "local", num_gpus 8, no custom resource; ``("auto", 2, 8, 0)``
+    -> ``{"address": "auto"}``."""
+    if address:
+        return {"address": address}
+    return {
+        "address": "local",
+        "num_cpus": num_cpus,
+        "num_gpus": num_gpus,
+        "resources": {CPU_DEVICE_RESOURCE: num_cpu_devices} if num_cpu_devices else None,
+        "include_dashboard": False,
+        "_node_ip_address": LOOPBACK,
+        "configure_logging": False,
+    }
+
+
+def check_visible_gpus(num_gpus: int, visible: int) -> None:
+    """A local Ray declares the GPUs it is told to, whether or not they exist (Ray trusts ``num_gpus``):
+    refuse at start when this node shows fewer than the cluster config names, instead of placing device
+    processes on GPUs that are not there."""
+    if visible < num_gpus:
+        shown = os.environ.get("CUDA_VISIBLE_DEVICES")
+        raise PlacementError(
+            f"cluster.devices_per_node={num_gpus}: this node shows {visible} GPUs"
+            + (f" (CUDA_VISIBLE_DEVICES={shown})" if shown is not None else "")
+        )
+
+
+def _visible_gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count()
+
+
 class RayCluster:
     """A local Ray (CPU default) or a connection to an existing cluster."""
 
@@ -166,24 +209,22 @@ class RayCluster:
         ``record``: where this launch notes its processes (``runtime.processes``): first what an earlier
         launch left running there is ended, then a watchdog ends this launch's if the driver dies."""
         apply_defaults()
+        if num_gpus and not address:
+            check_visible_gpus(num_gpus, _visible_gpus())
         # Before Ray starts: a failed start still leaves the watchdog to end what it started.
         guard = ProcessGuard.start(record) if record is not None else None
-        if address:
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=True)
-            return cls(host=ray.util.get_node_ip_address(), guard=guard)
-        host = "127.0.0.1"
-        ray.init(
-            # "local": always a new Ray of our own, never a cluster someone else started on this machine.
-            address="local",
-            num_cpus=num_cpus,
-            num_gpus=num_gpus,
-            resources={CPU_DEVICE_RESOURCE: num_cpu_devices} if num_cpu_devices else None,
-            include_dashboard=False,
-            ignore_reinit_error=True,
-            _node_ip_address=host,
-            log_to_driver=True,
-            configure_logging=False,
-        )
+        arguments = ray_init_arguments(address, num_cpus, num_gpus, num_cpu_devices)
+        try:
+            ray.init(**arguments, ignore_reinit_error=True, log_to_driver=True)
+        except ConnectionError as e:  # "auto" or HOST:PORT with no Ray there
+            if guard is not None:
+                guard.close()
+            raise PlacementError(
+                f"cluster.address={address}: no Ray cluster there ({e}). Start one with `ray start --head` from "
+                "the shell whose virtual environment is active (Ray's workers run the Python that started it), "
+                "or leave cluster.address empty for a Ray of this node's own"
+            ) from None
+        host = LOOPBACK if not address else ray.util.get_node_ip_address()
         return cls(host=host, guard=guard)
 
     def group(

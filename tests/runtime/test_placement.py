@@ -1,0 +1,58 @@
+"""Starting Ray for a cluster config: a one-node cluster (``local_cpu``, ``gpu_1x8``) starts a Ray of its own,
+a multi-node one (``gpu_2x8``) joins the Ray that ``ray start`` started (``runtime/placement.py``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from runtime.placement import LOOPBACK, PlacementError, RayCluster, check_visible_gpus, ray_init_arguments
+from trainer.compose import to_train_config
+from trainer.config import register_configs
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+register_configs()
+
+
+def _cluster(name: str):
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        return to_train_config(compose(config_name="train", overrides=[f"cluster={name}"])).cluster
+
+
+def test_one_node_clusters_start_their_own_ray_and_two_nodes_join_one():
+    """What ``trainer/loop.py`` asks of Ray for each shipped cluster: the devices of a one-node GPU cluster
+    become the local Ray's GPUs (no ``ray start``), a CPU cluster's become the custom device resource, and
+    a two-node cluster joins the Ray started on its nodes, whose resources the nodes declared."""
+    one_gpu_node, cpu, two_nodes = _cluster("gpu_1x8"), _cluster("local_cpu"), _cluster("gpu_2x8")
+    assert one_gpu_node.address == "" and cpu.address == "" and two_nodes.address == "auto"
+    gpu = ray_init_arguments(one_gpu_node.address, one_gpu_node.num_cpus, one_gpu_node.devices_per_node, 0)
+    assert (gpu["address"], gpu["num_gpus"], gpu["resources"], gpu["_node_ip_address"]) == ("local", 8, None, LOOPBACK)
+    local = ray_init_arguments(cpu.address, cpu.num_cpus, 0, cpu.num_devices)
+    assert (local["address"], local["num_gpus"], local["resources"]) == ("local", 0, {"realm_device": 2})
+    assert ray_init_arguments(two_nodes.address, two_nodes.num_cpus, 0, 0) == {"address": "auto"}
+
+
+def test_a_local_ray_refuses_more_gpus_than_the_node_shows(monkeypatch):
+    check_visible_gpus(8, 8)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1,2,3")
+    with pytest.raises(PlacementError, match=r"^cluster.devices_per_node=8: this node shows 4 GPUs \(CUDA_VISIB"):
+        check_visible_gpus(8, 4)
+    monkeypatch.setattr("runtime.placement._visible_gpus", lambda: 0)  # this machine: no CUDA
+    with pytest.raises(PlacementError, match="this node shows 0 GPUs"):
+        RayCluster.start("", num_cpus=1, num_gpus=1)  # before Ray starts
+
+
+def test_a_local_ray_offers_the_gpus_of_a_one_node_gpu_cluster(monkeypatch):
+    """The plan's devices are Ray's GPUs on a local Ray started for ``gpu_1x8`` (8 declared here, where
+    ``torch.cuda`` is told it sees 8: the stand-in for the node's GPUs)."""
+    import ray
+
+    monkeypatch.setattr("runtime.placement._visible_gpus", lambda: 8)
+    cluster = RayCluster.start("", num_cpus=1, num_gpus=8)
+    try:
+        assert cluster.host == LOOPBACK and cluster.device_resource() == ("GPU", 8)
+        assert len([n for n in ray.nodes() if n["Alive"]]) == 1
+    finally:
+        cluster.shutdown()
