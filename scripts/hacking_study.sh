@@ -7,7 +7,7 @@
 #   SEEDS="0 1" REWARDS="prm_clip prm_delta" bash scripts/hacking_study.sh
 #   TAG=eta05 bash scripts/hacking_study.sh reward.eta_zero_fraction=0.5   # a variant: runs named <option>_eta05_seed<S>
 # Runs land in outputs/hacking_study/<option>[_<TAG>]_seed<S>/; export them with
-#   python -m trainer.summarize outputs/hacking_study --out docs/hacking_study --export
+#   python -m studies.hacking.round2 outputs/hacking_study --out docs/hacking_study --export
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SEEDS="${SEEDS:-0 1 2 3 4}"
