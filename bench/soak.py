@@ -43,6 +43,9 @@ GRADER_BOOT = "mathtask.grading.worker"
 REALM_KINDS = ("driver", "watchdog", "device", "engine", "host", "grader", "other")
 """Kinds whose growth ``max_rss_growth_last_200`` covers; "ray" is Ray's own processes, listed apart."""
 MB = 1e6
+RUN_ENV = {"RAY_memory_monitor_refresh_ms": "0"}
+"""Set for the launched run: Ray's memory monitor kills a worker when the *machine* is nearly full,
+whoever fills it (on a shared machine, often someone else), which would end the soak with a lost actor."""
 
 
 @dataclass(frozen=True)
@@ -501,7 +504,13 @@ def main(argv: list[str] | None = None) -> None:
     t0 = time.monotonic()
 
     def write(samples: list[Sample], labels: Labels, done: int) -> dict[str, Any]:
-        meta = {"command": shown, "commit": commit, "started_utc": started, "wall_s": round(time.monotonic() - t0)}
+        meta = {
+            "command": shown,
+            "environment": RUN_ENV,
+            "commit": commit,
+            "started_utc": started,
+            "wall_s": round(time.monotonic() - t0),
+        }
         text = (run_dir / "metrics.jsonl").read_text()
         data = report(samples, labels, text, args.num_iterations, args.window, meta, min(done, args.num_iterations))
         atomic_write_json(args.json, data)
@@ -514,7 +523,7 @@ def main(argv: list[str] | None = None) -> None:
 
     signal.signal(signal.SIGTERM, _interrupt)
     with open(log, "a") as out:
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # the log shows each line as the run writes it
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **RUN_ENV}  # the log shows each line as it is written
         proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, env=env)
         try:
             samples, labels = monitor(proc, run_dir, args.num_iterations, args.interval, every)
