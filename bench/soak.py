@@ -43,9 +43,12 @@ GRADER_BOOT = "mathtask.grading.worker"
 REALM_KINDS = ("driver", "watchdog", "device", "engine", "host", "grader", "other")
 """Kinds whose growth ``max_rss_growth_last_200`` covers; "ray" is Ray's own processes, listed apart."""
 MB = 1e6
-RUN_ENV = {"RAY_memory_monitor_refresh_ms": "0"}
-"""Set for the launched run: Ray's memory monitor kills a worker when the *machine* is nearly full,
-whoever fills it (on a shared machine, often someone else), which would end the soak with a lost actor."""
+RUN_ENV = {"RAY_memory_monitor_refresh_ms": "0", "RAY_worker_niceness": "0"}
+"""Set for the launched run. Ray's memory monitor kills a worker when the *machine* is nearly full,
+whoever fills it (on a shared machine, often someone else), which would end the soak with a lost actor.
+Ray starts its workers (the device processes and engines) 15 nice levels below the driver: on a busy
+machine they then get a share of the CPU a fraction of the driver's; at 0 the run's processes all get the
+priority the soak is launched with (``nice -n 5 python bench/soak.py ...``)."""
 
 
 @dataclass(frozen=True)
