@@ -408,6 +408,11 @@ def trl_grpo_settings(cfg, microbatch_rows: int = 0) -> dict[str, Any]:
         f"{a.loss_agg.value} (TRL loss_type={spec['loss_type']}); KL beta {a.kl_coef}"
         + (" (k3 in the loss)" if a.kl_coef else "")
         + f"; clip {p.clip_eps}; lr {p.actor_lr}; reward: realm's grader (success)"
+        + (
+            "; old logprobs: the update's own in both (one step per generation batch)"
+            if p.num_epochs == p.num_minibatches == 1
+            else "; old logprobs: a forward of their own in both"
+        )
     )
     return {"trainer": "GRPOTrainer", "spec": spec, "same": same, "differs": differs}
 
@@ -859,6 +864,8 @@ def _grpo_settings_or_reason(cfg, args) -> dict[str, Any]:
 
 
 def describe_workload(cfg, overrides: list[str], args, trl_threads: int) -> dict[str, Any]:
+    from ppo.config import reuses_update_logprobs
+
     return {
         "model": cfg.model.name,
         "dtype": cfg.model.dtype,
@@ -870,6 +877,9 @@ def describe_workload(cfg, overrides: list[str], args, trl_threads: int) -> dict
         "temperature": cfg.rollout.temperature,
         "ppo_epochs": cfg.ppo.num_epochs,
         "minibatches": cfg.ppo.num_minibatches,
+        "old_logprobs": "the update's own, detached (one step per batch: no actor_inf)"
+        if reuses_update_logprobs(cfg.algorithm, cfg.ppo)
+        else "actor_inf (a forward of their own)",
         "iterations": cfg.run.num_iterations,
         "algorithm": cfg.algorithm.name,
         "trl_trainer": TRL_TRAINERS.get(cfg.algorithm.name),

@@ -1005,7 +1005,7 @@ def lifecycle_inputs(w: Workload, hw: Hardware) -> Inputs:
     """What ``planning.lifecycle`` reads of a workload on a cluster."""
     from planning.lifecycle import Inputs
 
-    return Inputs(w.specs(), w.batch, w.prompt_len, w.gen_len, w.value_bytes, gpu=hw.name != "cpu")
+    return Inputs(w.specs(), w.batch, w.prompt_len, w.gen_len, w.value_bytes, hw.name != "cpu", w.old_logprobs_pass)
 
 
 def memory_lifecycle(plan: ExecutionPlan, w: Workload, hw: Hardware) -> MemoryLifecycle:

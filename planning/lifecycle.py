@@ -102,6 +102,8 @@ class Inputs:
     gen_len: int
     value_bytes: int
     gpu: bool
+    old_logprobs_pass: bool = True
+    """The old logprobs' forward (``actor_inf``) runs, on actor training's devices (``Workload.old_logprobs_pass``)."""
 
     @property
     def seq_len(self) -> int:
@@ -196,10 +198,11 @@ def _shares_critic_layout(calls: Mapping[str, CallAllocation]) -> bool:
 
 
 def _activations(calls: Mapping[str, CallAllocation], x: Inputs) -> list[Holding]:
-    """Each call's activations while it runs; the old logprobs' forward on actor training's devices."""
+    """Each call's activations while it runs; the old logprobs' forward (when it runs) on actor training's devices."""
     out = []
     runs = {c: a for c, a in calls.items() if c != Call.actor_gen}
-    runs[Call.actor_inf] = calls[Call.actor_train]
+    if x.old_logprobs_pass:
+        runs[Call.actor_inf] = calls[Call.actor_train]
     for call, alloc in runs.items():
         spec = x.specs[CALL_MODEL.get(call, "actor")]
         phase = Phase.infer if call == Call.actor_inf else PHASE_OF_KIND[CALL_KIND[call]]

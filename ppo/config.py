@@ -144,6 +144,25 @@ class PPOConfig:
             raise ValueError("ppo.clip_eps and ppo.value_clip_eps must be > 0")
 
 
+def reuses_update_logprobs(algorithm: AlgorithmConfig, ppo: PPOConfig) -> bool:
+    """Whether the update's own logprobs, detached, serve as the old ones, with no forward of their own (no
+    ``actor_inf`` call): true when the policy takes exactly one optimizer step per batch of rollouts
+    (``ppo.num_epochs == 1`` and ``ppo.num_minibatches == 1``) and nothing reads the old logprobs before the
+    update (no critic, whose GAE rewards carry the KL term, and no KL term in the reward).
+
+    Why it is exact: the one step's minibatch is the whole batch under the weights that sampled it, so
+    pi_old = pi there; the ratio exp(log pi - log pi.detach()) is exactly 1 and its gradient that of log pi,
+    which is the unskipped path's up to the rounding of a second forward (TRL's GRPOTrainer and verl skip it
+    the same way). PPO's defaults (2 epochs x 4 minibatches) keep the forward.
+
+    Worked examples: grpo with ppo.num_epochs=1 ppo.num_minibatches=1 (KL in the loss) -> True; the same with
+    ppo.num_minibatches=2 -> False; rloo (KL in the reward) with one step -> False; ppo (a critic) -> False.
+    """
+    one_step = ppo.num_epochs == 1 and ppo.num_minibatches == 1
+    kl_in_reward = algorithm.has_reference and algorithm.kl_in == KLPlacement.reward
+    return one_step and not algorithm.has_critic and not kl_in_reward
+
+
 @dataclass
 class SFTConfig:
     """Supervised warm-up on reference solutions before PPO (used by the tiny-model default run)."""

@@ -239,7 +239,7 @@ class PolicyLossStats(NamedTuple):
 
 def policy_loss(
     logprobs_BT: Tensor,
-    old_logprobs_BT: Tensor,
+    old_logprobs_BT: Tensor | None,
     advantages_BT: Tensor,
     mask_BT: Tensor,
     clip_eps: float,
@@ -251,7 +251,9 @@ def policy_loss(
 
     Args:
         logprobs_BT: log pi(a_t|s_t) under the current parameters (with grad), [B, T].
-        old_logprobs_BT: log pi_old(a_t|s_t) from the rollout policy, [B, T].
+        old_logprobs_BT: log pi_old(a_t|s_t) from the rollout policy, [B, T]; None: ``logprobs_BT`` detached
+            (one optimizer step per batch, ``ppo.config.reuses_update_logprobs``: r_t is exactly 1, its
+            gradient that of log pi).
         advantages_BT: [B, T].
         mask_BT: 1 on real response tokens, [B, T].
         clip_eps: eps.
@@ -263,7 +265,7 @@ def policy_loss(
         loss: scalar to minimize.
         stats: PolicyLossStats.
     """
-    log_ratio_BT = logprobs_BT - old_logprobs_BT
+    log_ratio_BT = logprobs_BT - (logprobs_BT.detach() if old_logprobs_BT is None else old_logprobs_BT)
     ratio_BT = torch.exp(log_ratio_BT)
     pg_loss_unclipped_BT = -advantages_BT * ratio_BT
     pg_loss_clipped_BT = -advantages_BT * torch.clamp(ratio_BT, 1.0 - clip_eps, 1.0 + clip_eps)

@@ -85,8 +85,9 @@ class Scores:
 
     reward: RewardBatch
     """rew_inf: success, learned reward and token rewards."""
-    old_logprobs: torch.Tensor
-    """actor_inf: log pi_old of each response token, from the training model."""
+    old_logprobs: torch.Tensor | None
+    """actor_inf: log pi_old of each response token, from the training model (None: no actor_inf, the update
+    takes one step and uses its own, ``ppo.config.reuses_update_logprobs``)."""
     ref_logprobs: torch.Tensor | None
     """ref_inf: log pi_ref of each response token (None: the algorithm has no KL term, no ref_inf)."""
     values: torch.Tensor | None
@@ -430,15 +431,17 @@ class PlanRuntime:
         (merged,) = self.run(Task(Call.actor_gen, devices, start, finish))
         return merged
 
-    def infer(self, batch: Mapping[str, torch.Tensor], samples: list[Any]) -> Scores:
-        """rew_inf, actor_inf (the old logprobs on actor_train's layout), and ref_inf and critic_inf where the
-        algorithm's graph has them, started by readiness: calls on disjoint devices run side by side."""
+    def infer(self, batch: Mapping[str, torch.Tensor], samples: list[Any], old_logprobs: bool = True) -> Scores:
+        """rew_inf, actor_inf (the old logprobs on actor_train's layout; not with ``old_logprobs`` False), and
+        ref_inf and critic_inf where the algorithm's graph has them, started by readiness: calls on disjoint
+        devices run side by side."""
         self.prepare(Phase.infer)
         calls = self.plan.calls
+        actor = calls[Call.actor_train] if old_logprobs else None
         critic_role = Role.critic_inf if critic_needs_realloc(self.plan) else Role.critic
         # (call name, role, shard method, allocation) of each model's inference in this plan
         inference: list[tuple[str, Role, Callable[..., Any], CallAllocation | None]] = [
-            (Call.actor_inf, Role.actor, PolicyShard.compute_logprobs, calls[Call.actor_train]),
+            (Call.actor_inf, Role.actor, PolicyShard.compute_logprobs, actor),
             (Call.ref_inf, Role.ref, ReferenceShard.compute_logprobs, calls.get(Call.ref_inf)),
             (Call.critic_inf, critic_role, CriticShard.compute_values, calls.get(Call.critic_inf)),
         ]
@@ -452,7 +455,7 @@ class PlanRuntime:
         self._share_reward_calibration()
         return Scores(
             reward=reward,
-            old_logprobs=by_call[Call.actor_inf],
+            old_logprobs=by_call.get(Call.actor_inf),
             ref_logprobs=by_call.get(Call.ref_inf),
             values=by_call.get(Call.critic_inf),
         )

@@ -33,9 +33,10 @@ class Experience:
     scores: Tensor
     """[B, T] float: the reward's token rewards on the batch's response columns (before the KL term)."""
 
-    # What the models say (actor_inf, and ref_inf and critic_inf when the algorithm's graph has them).
-    old_logprobs: Tensor
-    """[B, T] float: log pi_old of each response token (the policy that sampled it, recomputed)."""
+    # What the models say (actor_inf, ref_inf and critic_inf, those the algorithm's graph has).
+    old_logprobs: Tensor | None
+    """[B, T] float: log pi_old of each response token (the policy that sampled it, recomputed); None: the
+    update takes one step and uses its own, detached (``ppo.config.reuses_update_logprobs``: no actor_inf)."""
     ref_logprobs: Tensor | None
     """[B, T] float: log pi_ref of each response token (None: no KL term, no reference model)."""
     values: Tensor | None
@@ -47,7 +48,7 @@ class Experience:
     returns: Tensor
     """[B, T] float: the critic's targets (raw advantages + values), or the rewards-to-go (critic-free)."""
     kl: Tensor | None
-    """[B, T] float: log pi_old - log pi_ref per token (None without a reference model)."""
+    """[B, T] float: log pi_old - log pi_ref per token (None without a reference model or old logprobs)."""
     group: Tensor | None = None
     """[B] long: each response's prompt group (critic-free estimators)."""
 

@@ -550,8 +550,9 @@ def generate(run: Run, it: int) -> list[Rollout]:
         max_new_tokens=r.max_new_tokens,
         seed=cfg.run.seed * 100003 + it,
         seed_per_prompt=r.seed_per == SeedPer.prompt,
-        # The old logprobs come from the training model (actor_inf); vLLM's own would cost a third of
-        # generation on CPU (it detokenizes every sampled token's logprob entry) and go unused.
+        # The old logprobs come from the training model (actor_inf), or from the update itself when it takes
+        # one step (ppo.config.reuses_update_logprobs); vLLM's own would cost a third of generation on CPU
+        # (it detokenizes every sampled token's logprob entry) and go unused.
         logprobs=False,
     )
     return [Rollout(p, run.prompt_tokens[p.id], run.prompts[p.id], c) for p, cs in zip(problems, outs) for c in cs]
@@ -559,7 +560,9 @@ def generate(run: Run, it: int) -> list[Rollout]:
 
 def score(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, torch.Tensor], Scores]:
     """The padded batch (``trainer.rollout.pad_batch``) and what the inference calls make of it
-    (``PlanRuntime.infer``: rewards, old and reference logprobs, values)."""
+    (``PlanRuntime.infer``: rewards, old and reference logprobs, values; no old logprobs when the update takes
+    one step and uses its own, ``ppo.config.reuses_update_logprobs``)."""
+    from ppo.config import reuses_update_logprobs
     from rewards.build import RewardSample
 
     samples = [
@@ -578,7 +581,7 @@ def score(run: Run, rollouts: list[Rollout]) -> tuple[dict[str, torch.Tensor], S
     batch = pad_batch(
         [x.prompt_ids for x in rollouts], [list(x.completion.token_ids) for x in rollouts], run.tokenizer.pad_token_id
     )
-    scores = run.runtime.infer(batch, samples)
+    scores = run.runtime.infer(batch, samples, not reuses_update_logprobs(run.cfg.algorithm, run.cfg.ppo))
     if run.reward_calibration is None:
         run.reward_calibration = run.runtime.on_reward(RewardShard.calibration)
     return batch, scores
@@ -605,7 +608,8 @@ def experience(run: Run, batch: dict[str, torch.Tensor], scores: Scores, group: 
     if a.has_critic:
         from ppo.advantages import compute_advantages
 
-        assert scores.values is not None and scores.ref_logprobs is not None  # the graph of gae has both
+        # The graph of gae has all three (reuses_update_logprobs is false with a critic).
+        assert scores.values is not None and scores.ref_logprobs is not None and scores.old_logprobs is not None
         adv = compute_advantages(
             token_scores,
             scores.old_logprobs,
@@ -636,7 +640,7 @@ def critic_free_experience(
     from ppo.kl import kl_estimate
 
     a, rewards, kl = run.cfg.algorithm, token_scores, None
-    if scores.ref_logprobs is not None:
+    if scores.ref_logprobs is not None and scores.old_logprobs is not None:  # no old ones: the KL is in the loss
         kl = (scores.old_logprobs - scores.ref_logprobs) * mask
         if a.kl_in == KLPlacement.reward:
             penalty = kl_estimate(scores.old_logprobs, scores.ref_logprobs, mask, a.kl_estimator)

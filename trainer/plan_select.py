@@ -135,11 +135,13 @@ def model_specs(
 def workload(cfg: TrainConfig, specs: dict[str, ModelSpec], longest_prompt: int | None = None):
     """The cost model's ``Workload`` of one iteration as the runtime runs it: full prompt and response
     length, the run's compute dtype (``model.dtype``: float32 runs hold twice the bytes of bf16 ones),
-    its PPO epochs and minibatches, and the old logprobs' forward on actor training's layout.
+    its PPO epochs and minibatches, and the old logprobs' forward on actor training's layout (``actor_inf``;
+    none when the update takes one step and uses its own, ``ppo.config.reuses_update_logprobs``).
     ``longest_prompt``: tokens of the run's longest rendered training prompt, when known (time is then
     priced at it: the runtime trims padding to each micro-batch's longest row)."""
     from common.dtypes import torch_dtype
     from planning.estimator import Workload
+    from ppo.config import reuses_update_logprobs
     from runtime.topology import RUNTIME_LIMITS
 
     r = cfg.rollout
@@ -155,7 +157,7 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec], longest_prompt: int 
         value_bytes=torch_dtype(cfg.model.dtype).itemsize,
         num_epochs=cfg.ppo.num_epochs,
         num_minibatches=cfg.ppo.num_minibatches,
-        old_logprobs_pass=True,  # the runtime's Call.actor_inf
+        old_logprobs_pass=not reuses_update_logprobs(cfg.algorithm, cfg.ppo),  # the runtime's Call.actor_inf
         longest_prompt=longest_prompt,
     )
 
@@ -300,6 +302,7 @@ def plan_report(cfg: TrainConfig, longest_prompt: int | None = None) -> PlanRepo
             f"{cost.call_seconds[call]:8.2f} s  {(resident + active) / gib:6.1f} GiB/device "
             f"(peak {peak / gib:.1f})"
         )
+    lines.append(_old_logprobs_line(plan, cost.call_seconds.get("actor_inf")))
     lines.append(f"  reallocation {cost.realloc_seconds:.2f} s per iteration; calls on disjoint devices overlap")
     lines += memory_lifecycle(plan, w, hw).table()
     problem = None
@@ -314,6 +317,15 @@ def plan_report(cfg: TrainConfig, longest_prompt: int | None = None) -> PlanRepo
         f"peak {cost.peak_bytes / gib:.1f} GiB/device"
     )
     return PlanReport(plan, lines, summary, problem)
+
+
+def _old_logprobs_line(plan: ExecutionPlan, seconds: float | None) -> str:
+    """The dry run's line for actor_inf, the old logprobs' forward on actor training's layout (not a plan entry),
+    or for its absence when the update takes one step and uses its own (``ppo.config.reuses_update_logprobs``)."""
+    if seconds is None:
+        return "  actor_inf     none: one optimizer step per batch uses its own logprobs, detached, as the old ones"
+    train = plan.calls["actor_train"]
+    return f"  {'actor_inf':<13} {_mesh(plan, train):<26} {'(actor_train layout)':<24} {seconds:8.2f} s  old logprobs"
 
 
 def plan_lifecycle(cfg: TrainConfig, plan: ExecutionPlan, specs: dict[str, ModelSpec]) -> MemoryLifecycle:

@@ -38,7 +38,7 @@ from common.optim import adamw
 from common.schedule import build_lr_scheduler
 from ppo import batch as B
 from ppo.advantages import masked_sum
-from ppo.config import AlgorithmConfig, KLPlacement, PPOConfig, SFTConfig
+from ppo.config import AlgorithmConfig, KLPlacement, PPOConfig, SFTConfig, reuses_update_logprobs
 from ppo.kl import kl_estimate
 from ppo.losses import (
     Denominators,
@@ -586,7 +586,7 @@ class PolicyShard:
         logprobs_BT, entropy_BT = response_logprobs(self.model, minibatch, self.temperature, hidden, with_entropy=True)
         loss, stats = policy_loss(
             logprobs_BT,
-            minibatch["old_logprobs"],
+            minibatch.get("old_logprobs"),  # absent: the update's own, detached (reuses_update_logprobs)
             minibatch["advantages"],
             mask_BT,
             self.ppo.clip_eps,
@@ -620,7 +620,13 @@ class PolicyShard:
         """One PPO iteration on this rank's rows (keys: input_ids, attention_mask, [position_ids],
         response_mask, old_logprobs, advantages; row order and ``part_sizes``: ``_Trainer.run``).
         Returns global means over the optimizer steps: loss, entropy, clip_frac, approx_kl, ratio,
-        grad_norm (pre-clip), lr."""
+        grad_norm (pre-clip), lr. Without old_logprobs only when the update takes one step
+        (``ppo.config.reuses_update_logprobs``): they are its own logprobs, detached."""
+        if "old_logprobs" not in batch and not reuses_update_logprobs(self.algorithm, self.ppo):
+            raise ValueError(
+                f"the update takes {self.ppo.num_epochs} x {self.ppo.num_minibatches} optimizer steps: "
+                "it needs the old logprobs (actor_inf), not its own"
+            )
         return self.trainer.run(batch, self._policy_loss, part_sizes, num_microbatches)
 
     def sft_step(self, batch: Mapping[str, Tensor]) -> float:

@@ -54,3 +54,18 @@ def test_every_critic_free_algorithm_trains_and_resumes(algorithm, tmp_path):
     assert "[resume] from" in proc.stdout, proc.stdout[-2000:]
     last = _check_run(tmp_path, proc, algorithm, 3)
     assert _rows(tmp_path)[:3] == first and "reward/nonzero_step_fraction" in last
+
+
+@pytest.mark.slow
+def test_grpo_with_one_step_per_batch_runs_no_old_logprobs_forward(tmp_path):
+    """One optimizer step per batch: the update uses its own logprobs as the old ones (ppo.config.
+    reuses_update_logprobs), so the iteration has no actor_inf call; the ratio is 1, nothing clips, and the KL
+    term stays in the loss (no kl/mean: no old logprobs before the update to measure it with)."""
+    small = [x for x in SMALL if not x.startswith("ppo.num_minibatches=")]
+    one_step = ["ppo.num_epochs=1", "ppo.num_minibatches=1"]
+    proc = _train(["algorithm=grpo", "run.num_iterations=1", *small, *one_step, f"hydra.run.dir={tmp_path}"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    last = _rows(tmp_path)[-1]
+    assert "call/actor_inf/start_s" not in last and "call/ref_inf/start_s" in last, sorted(last)
+    assert last["actor/ratio"] == pytest.approx(1.0, abs=1e-6) and last["actor/clip_frac"] == 0.0
+    assert last["actor/approx_kl"] == 0.0 and "actor/kl_loss" in last and "kl/mean" not in last

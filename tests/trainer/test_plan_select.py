@@ -3,6 +3,7 @@ plan files checked against the cluster and the configured model, with errors nam
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -346,3 +347,23 @@ def test_the_cpu_default_searches_the_side_by_side_plan_well_inside_its_budget()
     calls = plans[1].calls
     assert {calls["actor_train"].devices, calls["critic_train"].devices} == {(0,), (1,)}
     assert calls["actor_gen"].devices == (0, 1) and calls["actor_gen"].num_microbatches == 1
+
+
+@pytest.mark.parametrize("one_step", [False, True])
+def test_the_graph_has_actor_inf_exactly_when_the_runtime_runs_it(one_step):
+    """GRPO with one optimizer step per batch reuses the update's logprobs (``ppo.config.reuses_update_logprobs``):
+    the runtime runs no actor_inf, so the workload, the estimator's calls, the lifecycle's holdings and the dry
+    run's table have none either; with its default 2 epochs x 4 minibatches they all have it."""
+    from planning.estimator import estimate_plan, lifecycle_inputs
+    from planning.lifecycle import holdings
+    from trainer.plan_select import plan_report
+
+    steps = ("ppo.num_epochs=1", "ppo.num_minibatches=1") if one_step else ()
+    cfg = _cfg("algorithm=grpo", "cluster=gpu_1x8", "model=qwen2.5-math-1.5b-instruct", *steps)
+    specs = model_specs(cfg)
+    plan, w, hw = resolve_plan(cfg, specs), workload(cfg, specs), cluster_hardware(cfg.cluster)
+    assert w.old_logprobs_pass is not one_step
+    assert ("actor_inf" in estimate_plan(plan, w, hw).call_seconds) is not one_step
+    assert any(h.during == "actor_inf" for h in holdings(plan.calls, lifecycle_inputs(w, hw))) is not one_step
+    (line,) = [x for x in plan_report(cfg).lines if x.split()[0] == "actor_inf"]
+    assert line.split()[1] == "none:" if one_step else re.search(r"devices 0-7 .* \d+\.\d\d s  old logprobs$", line)
