@@ -22,6 +22,7 @@ works on machines without vLLM (e.g. to use ``Completion``). The environment def
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -211,10 +212,20 @@ def prompt_seed(seed: int, prompt_token_ids: Sequence[int]) -> int:
     return (seed * 1_000_003 + zlib.crc32(data)) % (1 << 31)
 
 
-def _seed_worker(worker: Any, seed: int) -> None:
-    """Seed the random generator vLLM's sampler draws from when requests carry no seed of their own
-    (runs on every worker of the engine: the TP ranks of an engine draw the same numbers)."""
-    torch.manual_seed(seed)
+def call_seeds(seed: int, num_requests: int, n: int) -> list[int]:
+    """The seed of each request of a call seeded with ``seed`` (stable across processes): request i gets
+    ``start + i * n``, ``start`` a 61-bit number hashed from ``seed``. vLLM seeds a request's n samples with
+    seed, seed + 1, ..., seed + n - 1 (``ParentRequest``), so a call's samples draw from distinct seeds, and
+    two calls' (another replica's seed, another iteration's) overlap with probability ~ requests x n / 2**61.
+
+    Every request carries a seed because an unseeded one is not seeded by realm at all on a GPU: vLLM 0.32
+    runs Model Runner V2 there whenever Triton is present, and it gives an unseeded request a seed drawn from
+    numpy's global generator (``vllm/v1/worker/gpu/sample/states.py``), which vLLM seeds with the engine's
+    seed at start: every replica built with one seed would draw the same noise. V2 samples seeded requests in
+    its batched kernel; the V1 runner (CPU, or a GPU model V2 does not support) draws each seeded request's
+    noise from its own generator. Example: ``call_seeds(s, 2, 4)`` -> ``[a, a + 4]``."""
+    start = int.from_bytes(hashlib.sha256(f"realm-call-{seed}".encode()).digest()[:8], "big") >> 3
+    return [start + i * n for i in range(num_requests)]
 
 
 def has_tokenizer(model_dir: str | Path) -> bool:
@@ -491,11 +502,11 @@ class VLLMEngine:
         than its engine's first runs the same requests, and its identical copy need not travel).
 
         ``prompts``: formatted strings or token-id lists. ``temperature=0`` is greedy (then top_p
-        is ignored). ``seed`` (default: the engine's seed) seeds the sampler once per call, so that
-        vLLM samples the whole batch on its batched path: the same call with the same prompts on the
-        same engine settings draws the same samples, while a prompt's samples depend on the batch it
-        is in. ``seed_per_prompt``: each request's generator is seeded from ``seed`` and the prompt's
-        own tokens instead, so its samples do not depend on the batch (vLLM's per-request path).
+        is ignored). ``seed`` (default: the engine's seed) seeds every request: request i of the call from
+        ``seed`` and i (``call_seeds``), so the same call with the same prompts draws the same samples on any
+        runner, and another seed (the driver gives each replica its own, ``runtime.driver.replica_seed``)
+        others. ``seed_per_prompt``: each request is seeded from ``seed`` and the prompt's own tokens
+        instead, so its samples do not depend on where in which call it is (``prompt_seed``).
         """
         from vllm import SamplingParams
 
@@ -508,7 +519,7 @@ class VLLMEngine:
         token_prompts = self._token_prompts(prompts)
         base_seed = self.seed if seed is None else seed
 
-        def params(request_seed: int | None) -> Any:
+        def params(request_seed: int) -> Any:
             return SamplingParams(
                 n=n,
                 temperature=0.0 if greedy else temperature,
@@ -520,11 +531,10 @@ class VLLMEngine:
             )
 
         if seed_per_prompt:
-            per_request = [params(prompt_seed(base_seed, p["prompt_token_ids"])) for p in token_prompts]
-            outputs = self.llm.generate(token_prompts, per_request, use_tqdm=False)
+            seeds = [prompt_seed(base_seed, p["prompt_token_ids"]) for p in token_prompts]
         else:
-            self.llm.collective_rpc(_seed_worker, args=(base_seed,))
-            outputs = self.llm.generate(token_prompts, params(None), use_tqdm=False)
+            seeds = call_seeds(base_seed, len(token_prompts), n)
+        outputs = self.llm.generate(token_prompts, [params(s) for s in seeds], use_tqdm=False)
         if not report:
             return []
         return [[self._completion(c, logprobs) for c in out.outputs] for out in outputs]

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 
@@ -73,8 +75,8 @@ def test_generate_returns_n_completions_with_logprobs(engine, prompt):
         assert (c.finish_reason == "length") == (
             c.num_tokens == 12 and engine.tokenizer.eos_token_id not in c.token_ids
         )
-    # The same call with the same seed draws the same samples (one seed per call: the sampler stays on its
-    # batched path); a string prompt and its token ids are the same prompt.
+    # The same call with the same seed draws the same samples (each request seeded from the call's seed and its
+    # place in the call); a string prompt and its token ids are the same prompt.
     ids = [engine.tokenizer.encode(p, add_special_tokens=False) for p in (prompt, prompt + "7")]
     again = engine.generate(ids, n=3, temperature=1.0, max_new_tokens=12, seed=1)
     assert [[c.token_ids for c in o] for o in again] == [[c.token_ids for c in o] for o in outs]
@@ -454,3 +456,99 @@ def test_pipeline_engine_stages_load_only_their_own_blocks(tiny_model_dir, tmp_p
     assert "model.norm.weight" in ranks[1]["names"] and not any("layers.0." in n for n in ranks[1]["names"])
     for out in ranks:
         assert out["tokens"] == out["reference"]
+
+
+class _HostUvaPool:
+    """vLLM's ``UvaBufferPool`` (pinned host buffers the GPU reads) as plain host tensors: the CUDA stand-in
+    under Model Runner V2's ``SamplingStates`` on this machine."""
+
+    def __init__(self, size, dtype, max_concurrency=None):
+        self.dtype = dtype
+
+    def copy_to_uva(self, x):
+        return torch.from_numpy(np.array(x))
+
+
+class _ParamsLLM:
+    """vLLM's ``LLM`` as far as ``VLLMEngine.generate`` calls it, keeping the sampling parameters it is sent."""
+
+    def __init__(self) -> None:
+        self.params: list = []
+
+    def generate(self, prompts, params, use_tqdm=False):
+        self.params += params if isinstance(params, list) else [params] * len(prompts)
+        return [SimpleNamespace(outputs=[]) for _ in prompts]
+
+
+def _params_engine() -> VLLMEngine:
+    from models.vllm_engine import EngineMemory
+
+    engine = object.__new__(VLLMEngine)
+    engine.llm, engine.seed, engine.memory, engine.stale = _ParamsLLM(), 0, EngineMemory.awake, False
+    engine._token_prompts = lambda prompts: [{"prompt_token_ids": p} for p in prompts]
+    return engine
+
+
+def seeds_on_runner_v2(params: list, monkeypatch) -> list[tuple[bool, int]]:
+    """(seeded by the caller?, seed) of each sample as Model Runner V2 (vLLM's GPU runner whenever Triton is
+    present) records them: requests with n > 1 fanned out as vLLM's engine does (``ParentRequest``), each added
+    to V2's ``SamplingStates``, whose Gumbel sampling kernel draws a sample's noise from its seed alone. vLLM
+    seeds numpy from the engine's seed at start (``set_random_seed``): the same in every replica built alike."""
+    from vllm.v1.engine.parallel_sampling import ParentRequest
+    from vllm.v1.worker.gpu import buffer_utils
+    from vllm.v1.worker.gpu.sample.states import SamplingStates
+
+    monkeypatch.setattr(buffer_utils, "UvaBufferPool", _HostUvaPool)
+    children = []
+    for i, p in enumerate(params):
+        parent = ParentRequest(SimpleNamespace(request_id=str(i), external_req_id=str(i), params=p))
+        children += [parent.get_child_info(j)[1] for j in range(p.n)] if p.n > 1 else [p]
+    states = SamplingStates(max_num_reqs=len(children), vocab_size=64)
+    np.random.seed(0)
+    for index, child in enumerate(children):
+        states.add_request(index, child)
+    return [(bool(states.seeds_set[i]), int(states.seeds.np[i])) for i in range(len(children))]
+
+
+def test_every_sample_has_its_own_seed_on_the_gpu_runner(monkeypatch):
+    """Through the sampling path of Model Runner V2: each replica's samples (the driver's ``replica_seed``)
+    carry seeds of their own, set by realm, in either seeding mode; the same call seeded alike gets the same
+    seeds, hence the same samples; another replica or another call's seed gets none of them. Unseeded
+    requests (what realm sent before) got numpy's draws, the same in every replica."""
+    from vllm import SamplingParams
+
+    from runtime.driver import replica_seed
+
+    prompts = [[1, 2], [3, 4], [5, 6]]
+
+    def seeds(replica: int, call_seed: int, **mode) -> list[tuple[bool, int]]:
+        engine = _params_engine()
+        engine.generate(prompts, n=4, **replica_seed({"seed": call_seed, **mode}, replica))
+        return seeds_on_runner_v2(engine.llm.params, monkeypatch)
+
+    first = seeds(0, 5)
+    assert len(first) == 12 and all(by_realm for by_realm, _ in first)
+    assert len({s for _, s in first}) == 12  # every sample its own noise
+    assert seeds(0, 5) == first
+    for other in (seeds(1, 5), seeds(0, 6)):
+        assert {s for _, s in other}.isdisjoint(s for _, s in first)
+    by_prompt = seeds(0, 5, seed_per_prompt=True)
+    assert all(by_realm for by_realm, _ in by_prompt) and len({s for _, s in by_prompt}) == 12
+    assert by_prompt == seeds(1, 5, seed_per_prompt=True)  # seeded by the prompt: the same on any replica
+    unseeded = [SamplingParams(n=4, seed=None)] * 3
+    assert seeds_on_runner_v2(unseeded, monkeypatch) == seeds_on_runner_v2(unseeded, monkeypatch)
+    assert not any(by_realm for by_realm, _ in seeds_on_runner_v2(unseeded, monkeypatch))
+
+
+def test_replicas_draw_different_samples_and_one_seed_draws_the_same(engine):
+    """On the CPU engine (V1 runner), with the seeds the driver gives each generation replica."""
+    from runtime.driver import replica_seed
+
+    prompts = [[1, 2, 3, 4], [5, 6, 7, 8]]
+
+    def draw(replica: int, seed: int = 3) -> list[list[tuple[int, ...]]]:
+        outs = engine.generate(prompts, n=2, max_new_tokens=12, **replica_seed({"seed": seed}, replica))
+        return [[c.token_ids for c in o] for o in outs]
+
+    assert draw(0) == draw(0)
+    assert draw(1) != draw(0) and draw(0, seed=4) != draw(0)

@@ -53,7 +53,7 @@ def _engine(calls: list[str], on_gpu: bool = True) -> VLLMEngine:
 
 def test_an_engine_sleeps_at_level_two_and_wakes_in_two_steps():
     """Generate, sleep (level 2: no copy of weights about to be overwritten), wake the weights, load new
-    ones, wake the KV cache just before generating again; the sampler is seeded once per call."""
+    ones, wake the KV cache just before generating again (every request carries its seed: no worker call)."""
     calls: list[str] = []
     engine = _engine(calls)
     engine.generate([[1, 2]], seed=7)
@@ -67,13 +67,11 @@ def test_an_engine_sleeps_at_level_two_and_wakes_in_two_steps():
     engine.load_weights([("w", torch.zeros(1))])
     engine.generate([[1, 2]], seed=8)
     assert calls == [
-        "llm._seed_worker",
         "llm.generate",
         "llm.sleep(level=2)",
         "llm.wake_up(['weights'])",
         "llm._reload_weights_on_worker",
         "llm.wake_up(['kv_cache'])",
-        "llm._seed_worker",
         "llm.generate",
     ]
     assert engine.transitions == [EngineMemory.asleep, EngineMemory.weights, EngineMemory.awake]
