@@ -19,13 +19,20 @@ RUNTIME_DEFAULTS: Mapping[str, str] = {
     "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
     "VLLM_NO_USAGE_STATS": "1",
     "DO_NOT_TRACK": "1",
-    "VLLM_HOST_IP": "127.0.0.1",
     "RAY_USAGE_STATS_ENABLED": "0",
     "RAY_AUTH_MODE": "disabled",
     "TOKENIZERS_PARALLELISM": "false",
 }
 
+LOOPBACK_DEFAULTS: Mapping[str, str] = {
+    # vLLM's ranks and engine processes advertise this address to each other. Right where every process of
+    # a run is on one node; on a multi-node cluster an engine whose ranks span two nodes could not form, so
+    # there vLLM finds each node's own address (apply_loopback is called for one-node runs only).
+    "VLLM_HOST_IP": "127.0.0.1",
+}
+
 TEST_DEFAULTS: Mapping[str, str] = {
+    **LOOPBACK_DEFAULTS,
     # Nothing in the test suite may reach a hub or bind a public interface.
     "HF_HUB_OFFLINE": "1",
     "HF_DATASETS_OFFLINE": "1",
@@ -62,6 +69,12 @@ def apply_defaults(*, tests: bool = False, environ: MutableMapping[str, str] = o
     for table in (RUNTIME_DEFAULTS, TEST_DEFAULTS) if tests else (RUNTIME_DEFAULTS,):
         for key, value in table.items():
             environ.setdefault(key, value)
+
+
+def apply_loopback(environ: MutableMapping[str, str] = os.environ) -> None:
+    """Set ``LOOPBACK_DEFAULTS`` where unset: for a run whose processes are all on this one node."""
+    for key, value in LOOPBACK_DEFAULTS.items():
+        environ.setdefault(key, value)
 
 
 if __name__ == "__main__":  # `python -m common.env`: the test defaults as shell exports

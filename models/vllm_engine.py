@@ -37,7 +37,7 @@ from typing import Any
 
 import torch
 
-from common.env import apply_defaults
+from common.env import apply_defaults, apply_loopback
 
 apply_defaults()  # vLLM reads most of its settings when it is first imported
 
@@ -197,13 +197,29 @@ def _reprocess_vocab_layers(model: torch.nn.Module) -> None:
 CPU_MAX_NUM_BATCHED_TOKENS = 1 << 18
 
 
-def _received(shard: Any) -> torch.Tensor:
+CUDA_IPC_DEVICE_ARG = 6
+"""Where ``torch.multiprocessing.reductions.rebuild_cuda_tensor``'s arguments hold the device index."""
+
+
+def _received(shard: Any, device_index: int | None = None) -> torch.Tensor:
     """A shard as the device process handed it over: a tensor, or a CUDA IPC handle (rebuild function,
-    arguments) to memory of that process on this same GPU (``DeviceProcess._handoff``)."""
+    arguments) to memory of that process on this same GPU (``DeviceProcess._handoff``), rebuilt on
+    ``device_index`` (default: this process's current CUDA device)."""
     if isinstance(shard, torch.Tensor):
         return shard
     rebuild, args = shard
+    if rebuild.__name__ == "rebuild_cuda_tensor":
+        index = torch.cuda.current_device() if device_index is None else device_index
+        args = on_device(args, index)
     return rebuild(*args)
+
+
+def on_device(args: tuple, device_index: int) -> tuple:
+    """A CUDA IPC handle's arguments with the device index of the process that rebuilds it. The handle
+    carries the sender's index, which names the same GPU here only when both processes number their visible
+    GPUs alike; the engine and its device process share one GPU (one Ray bundle), and each maps it under its
+    own index (verl's colocated weight sync sets the same argument to its own device)."""
+    return (*args[:CUDA_IPC_DEVICE_ARG], device_index, *args[CUDA_IPC_DEVICE_ARG + 1 :])
 
 
 def prompt_seed(seed: int, prompt_token_ids: Sequence[int]) -> int:
@@ -226,6 +242,22 @@ def call_seeds(seed: int, num_requests: int, n: int) -> list[int]:
     noise from its own generator. Example: ``call_seeds(s, 2, 4)`` -> ``[a, a + 4]``."""
     start = int.from_bytes(hashlib.sha256(f"realm-call-{seed}".encode()).digest()[:8], "big") >> 3
     return [start + i * n for i in range(num_requests)]
+
+
+VLLM_SERIES = "0.32."
+"""The vLLM release realm is built against (``pyproject.toml`` pins 0.32.0): its GPU and CPU model runners
+have ``reload_weights(weights_iterator=...)``, which the 0.11-0.12 runners lack, and its sleep mode, seeds
+and ``external_launcher`` behave as this module's comments say."""
+
+
+def check_vllm_version(version: str) -> None:
+    """Refuse, at start and in one line, a vLLM release other than ``VLLM_SERIES``: its weight reload or
+    sampler may differ from what this module relies on, and would fail (or mislead) only mid-run."""
+    if not version.startswith(VLLM_SERIES):
+        raise RuntimeError(
+            f"vLLM {version or '(unknown version)'} is installed; realm needs {VLLM_SERIES}x "
+            '(pip install -e ".[gpu]" on a GPU, ".[cpu]" on CPU)'
+        )
 
 
 def has_tokenizer(model_dir: str | Path) -> bool:
@@ -378,6 +410,8 @@ def _start_llm(
         kwargs = {**kwargs, **_join_engine_group(rank, tp, pp, master, model_dir, on_gpu)}
     elif pp > 1:
         raise ValueError("pipeline_parallel_size > 1 needs the engine's ranks started by the caller (rank, master)")
+    else:  # vLLM starts its own ranks, all on this node (a joined engine's environment comes from placement)
+        apply_loopback()
     with _cpu_kv_cache(kv_cache_gib, kwargs):
         llm = LLM(**kwargs)
     if pp > 1 and not on_gpu:
@@ -427,6 +461,7 @@ class VLLMEngine:
         _check_dirs(model_dir, tokenizer_dir)
         import vllm
 
+        check_vllm_version(getattr(vllm, "__version__", ""))
         on_gpu = torch.cuda.is_available()
         # vLLM-CPU refuses sleep mode: on CPU the flag only drives the engine's memory state.
         sleep_mode = bool(llm_kwargs.pop("enable_sleep_mode", False))

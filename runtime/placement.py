@@ -28,7 +28,7 @@ from typing import Any
 
 import ray
 
-from common.env import WORKER_DEFAULTS, WORKER_KEYS, apply_defaults
+from common.env import WORKER_DEFAULTS, WORKER_KEYS, apply_defaults, apply_loopback
 from runtime.processes import ProcessGuard
 
 # The resource that counts devices: Ray's GPUs (real ones, or declared on a simulated cluster); a
@@ -181,6 +181,14 @@ def check_visible_gpus(num_gpus: int, visible: int) -> None:
         )
 
 
+def loopback_if_one_node(num_nodes: int, environ: Any = os.environ) -> None:
+    """vLLM's ranks advertise loopback (``common.env.LOOPBACK_DEFAULTS``, forwarded to every actor) only on
+    a one-node cluster; on more nodes each finds its node's own address, so that an engine whose ranks span
+    nodes can form."""
+    if num_nodes == 1:
+        apply_loopback(environ)
+
+
 def _visible_gpus() -> int:
     import torch
 
@@ -224,6 +232,8 @@ class RayCluster:
                 "the shell whose virtual environment is active (Ray's workers run the Python that started it), "
                 "or leave cluster.address empty for a Ray of this node's own"
             ) from None
+        num_nodes = 1 if not address else len([n for n in ray.nodes() if n["Alive"]])
+        loopback_if_one_node(num_nodes)
         host = LOOPBACK if not address else ray.util.get_node_ip_address()
         return cls(host=host, guard=guard)
 

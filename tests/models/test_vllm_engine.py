@@ -552,3 +552,14 @@ def test_replicas_draw_different_samples_and_one_seed_draws_the_same(engine):
 
     assert draw(0) == draw(0)
     assert draw(1) != draw(0) and draw(0, seed=4) != draw(0)
+
+
+def test_another_vllm_release_is_refused_at_start():
+    import vllm
+
+    from models.vllm_engine import check_vllm_version
+
+    check_vllm_version(vllm.__version__)  # the pinned one, installed here
+    for other in ("0.12.0", "0.33.0", ""):
+        with pytest.raises(RuntimeError, match=r"^vLLM .* is installed; realm needs 0\.32\.x \(pip install"):
+            check_vllm_version(other)

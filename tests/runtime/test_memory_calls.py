@@ -237,3 +237,26 @@ def test_a_shard_handed_over_as_an_ipc_handle_arrives_as_the_same_tensor():
     shard = torch.arange(6.0).reshape(2, 3)
     assert torch.equal(_received(reduce_tensor(shard)), shard)
     assert _received(shard) is shard  # on CPU the tensor itself travels (Ray's object store)
+
+
+def test_a_cuda_ipc_handle_is_rebuilt_on_the_engines_own_device_index():
+    """The sender's GPU index in a handle (argument 6 of rebuild_cuda_tensor, ``storage_device``) is replaced
+    by the receiver's, as verl does: a process that sees its GPU as cuda:3 hands it to one that sees it as 0."""
+    import inspect
+
+    from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+    from models.vllm_engine import CUDA_IPC_DEVICE_ARG, _received, on_device
+
+    names = list(inspect.signature(rebuild_cuda_tensor).parameters)
+    assert names[CUDA_IPC_DEVICE_ARG] == "storage_device"
+    sent = tuple(range(15))
+    assert on_device(sent, 0) == (0, 1, 2, 3, 4, 5, 0, 7, 8, 9, 10, 11, 12, 13, 14)
+    seen: list[tuple] = []
+
+    def rebuild_cuda_tensor(*args):  # the name _received recognises; records what it would rebuild
+        seen.append(args)
+        return torch.zeros(1)
+
+    _received((rebuild_cuda_tensor, (None,) * 6 + (3,) + (None,) * 8), device_index=0)
+    assert seen[0][CUDA_IPC_DEVICE_ARG] == 0
