@@ -199,6 +199,17 @@ def last_iteration(metrics_text: str) -> int | None:
     return found
 
 
+def this_launchs(metrics_text: str, modified_at: float, launched_at: float) -> str:
+    """The metrics.jsonl text if this launch has written the file (``modified_at`` after ``launched_at``,
+    both wall-clock seconds), else "": a relaunch finds the rows of the launch before it, up to where that
+    one stopped, until its MetricsWriter rewrites the file down to the checkpoint it resumes from (which it
+    always does, after set-up); until then its samples are set-up's, not an iteration's.
+
+    Worked example: rows up to 15 left by a launch that died, file written at t=100, relaunched at t=200
+    -> "" (samples tagged 0), and once the relaunch rewrites it at t=260 (rows up to 10) -> the text."""
+    return metrics_text if modified_at >= launched_at else ""
+
+
 def running_iteration(last_logged: int | None) -> int:
     """The iteration a sample belongs to: the one after the last one logged; 0 (set-up and the first
     held-out evaluation) before metrics.jsonl has a line. Iteration i runs from the line of i - 1 to its
@@ -467,9 +478,12 @@ def monitor(
     """Sample until the driver exits, printing a progress line per iteration; ``on_iteration(samples,
     labels, done)`` after each new one (a report while the run goes on)."""
     labels, samples, progress, t0 = Labels(), [], Progress(num_iterations), time.monotonic()
-    metrics = run_dir / "metrics.jsonl"
+    metrics, launched_at = run_dir / "metrics.jsonl", time.time()
     while proc.poll() is None:
-        text = metrics.read_text() if metrics.exists() else ""
+        try:
+            text = this_launchs(metrics.read_text(), metrics.stat().st_mtime, launched_at)
+        except OSError:  # not there yet
+            text = ""
         last = last_iteration(text)
         sample = take_sample(proc.pid, run_dir, labels, running_iteration(last), t0)
         if sample is not None:

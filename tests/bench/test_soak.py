@@ -25,6 +25,7 @@ from bench.soak import (
     plot,
     report,
     running_iteration,
+    this_launchs,
     value_at,
 )
 
@@ -130,6 +131,15 @@ def test_running_iteration_is_the_one_after_the_last_logged():
     assert running_iteration(0) == 1
     assert running_iteration(299) == 300
     assert running_iteration(300) == 301  # after the last: left out of the series
+
+
+def test_a_relaunch_ignores_the_rows_of_the_launch_before_it_until_it_rewrites_them():
+    """A launch died after iteration 15 (checkpoint at 10): the relaunch's set-up samples belong to 0,
+    not 16; once its writer has cut the file to the checkpoint's rows, iteration 11 is running."""
+    left = "".join(f'{{"iteration": {i}}}\n' for i in range(16))
+    assert running_iteration(last_iteration(this_launchs(left, modified_at=100.0, launched_at=200.0))) == 0
+    cut = "".join(f'{{"iteration": {i}}}\n' for i in range(11))
+    assert running_iteration(last_iteration(this_launchs(cut, modified_at=260.0, launched_at=200.0))) == 11
 
 
 def _sample(iteration: int, **rss_mb: float) -> Sample:
