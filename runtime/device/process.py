@@ -179,6 +179,9 @@ class DeviceProcess:
             "bytes_sent": stats.bytes_sent,
             "lower_bound": lower_bound_bytes(src.holdings, dst, src.shapes, itemsizes),
         }
+        # The transfer buckets are free now, but cached by this process's allocator: back to the device for
+        # the engine beside it, which wakes next (reallocate is not a ``call``; the IPC handoff stays held).
+        self.memory.release(f"after reallocate {src_role} -> {dst_role}")
         return weights, (counts, start, time.time())
 
     def compute_dtype(self) -> torch.dtype:

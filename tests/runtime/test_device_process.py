@@ -34,7 +34,7 @@ def _reallocate(device: int, port: int, model_dir: str, out_dir: str) -> None:
     worker = DeviceProcess(device, (0, 1, 2), "127.0.0.1", port, "gloo", [(0, 1), (0, 1, 2)], "float32", builders)
     engine = {name: {1: full_box(shape), 2: full_box(shape)} for name, shape in _actor_shapes(model_dir).items()}
     weights, (counts, start, end) = worker.reallocate("actor", "engine", (0, 1), (1, 2), engine)
-    torch.save({"weights": weights, "counts": counts}, f"{out_dir}/device{device}.pt")
+    torch.save({"weights": weights, "counts": counts, "memory": worker.memory.log}, f"{out_dir}/device{device}.pt")
     torch.distributed.destroy_process_group()
 
 
@@ -49,6 +49,8 @@ def test_reallocation_sends_each_replica_only_what_it_lacks(tiny_model_dir, tmp_
     reference = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
     total = sum(p.numel() * 4 for p in reference.values())
     assert out[0]["weights"] is None  # a source only
+    # Its buckets' cached blocks go back to the device as it ends, on every device (empty_cache on a GPU).
+    assert all(o["memory"][-1] == ("release", "after reallocate actor -> engine") for o in out)
     for device in (1, 2):
         got = {name: shard for name, _, _, shard in out[device]["weights"]}
         assert got.keys() == reference.keys()
