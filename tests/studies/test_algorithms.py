@@ -10,7 +10,16 @@ import pytest
 from studies.algorithms import main, option_of
 
 
-def _run(root: Path, name: str, overrides: list[str], before: float, after: float, seconds: float) -> None:
+def _run(
+    root: Path,
+    name: str,
+    overrides: list[str],
+    before: float,
+    after: float,
+    seconds: float,
+    midway: dict[int, float] | None = None,
+    num_iterations: int = 2,
+) -> None:
     run = root / name
     (run / ".hydra").mkdir(parents=True)
     (run / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
@@ -26,8 +35,10 @@ def _run(root: Path, name: str, overrides: list[str], before: float, after: floa
             "time/iteration": seconds,
             "call/actor_gen/start_s": 0.0,
         }
-        for i in (1, 2)
+        for i in range(1, num_iterations + 1)
     ]
+    for i, success in (midway or {}).items():
+        rows[i]["heldout/success"] = success
     rows[-1]["heldout/success"] = after
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     (run / "summary.json").write_text(
@@ -42,6 +53,10 @@ def test_options_pair_with_ppo_by_seed_and_regenerate_from_the_export(tmp_path):
         _run(runs, f"grpo_seed{seed}", ["algorithm=grpo", f"run.seed={seed}"], 0.45, grpo, 3.0)
     _run(runs, "grpo_prm_seed0", ["algorithm=grpo", "+reward=prm", "run.seed=0"], 0.45, 0.5, 3.5)
     _run(runs, "rloo_seed0", ["algorithm=rloo", "run.seed=0"], 0.45, 0.72, 3.0)  # one pair: no t interval
+    # Twice PPO's iterations: compared with PPO's final (0.70) at PPO's last iteration (0.66), not at its own end.
+    _run(
+        runs, "grpo_cd_seed0", ["algorithm=grpo", "+reward=prm_clip_delta", "run.seed=0"], 0.45, 0.9, 3.0, {2: 0.66}, 4
+    )
     main([str(runs), "--out", str(tmp_path / "out"), "--export"])
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     grpo = next(o for o in summary["options"] if o["option"] == "grpo")
@@ -53,6 +68,7 @@ def test_options_pair_with_ppo_by_seed_and_regenerate_from_the_export(tmp_path):
     table = (tmp_path / "out" / "summary.md").read_text()
     assert "| grpo | 0 1 2 | 0.450 ± 0.000 | 0.733 ± 0.021 |" in table and "| grpo+prm | 0 |" in table
     assert "| +2.0 (1 pair, no interval) |" in table
+    assert "| grpo+prm_clip_delta | 0 | 0.450 | 0.900 | 0.450 | +0.450 | -4.0 (1 pair, no interval) |" in table
     assert (tmp_path / "out" / "curves.png").exists() and (tmp_path / "out" / "process_rewards.png").exists()
     first = (tmp_path / "out" / "summary.md").read_text(), (tmp_path / "out" / "summary.json").read_text()
     main([str(tmp_path / "out" / "runs"), "--out", str(tmp_path / "out")])
