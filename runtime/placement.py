@@ -195,6 +195,21 @@ def _visible_gpus() -> int:
     return torch.cuda.device_count()
 
 
+RAY_START_TIMEOUT = "timed out during startup"
+"""What ``ray.init`` says when the local raylet did not register within Ray's fixed 30 s
+(``ray/_private/node.py``): on an overloaded machine, not a misconfiguration."""
+
+
+def start_timeout_message(load: float, num_cores: int) -> str:
+    """The one line for a Ray that did not start in time. Example: load 61.2 on 2 cores -> '... (1-minute
+    load 61.2 on 2 cores) ...'."""
+    return (
+        f"Ray's local node did not start within Ray's 30 s (1-minute load {load:.1f} on {num_cores} cores): the "
+        "machine is overloaded, not misconfigured; run again when it is quieter (a named run resumes from its "
+        "last checkpoint)"
+    )
+
+
 class RayCluster:
     """A local Ray (CPU default) or a connection to an existing cluster."""
 
@@ -232,6 +247,12 @@ class RayCluster:
                 "the shell whose virtual environment is active (Ray's workers run the Python that started it), "
                 "or leave cluster.address empty for a Ray of this node's own"
             ) from None
+        except Exception as e:  # Ray raises a bare Exception when its raylet misses its fixed 30 s start-up wait
+            if guard is not None:
+                guard.close()
+            if RAY_START_TIMEOUT not in str(e):
+                raise
+            raise PlacementError(start_timeout_message(os.getloadavg()[0], os.cpu_count() or 1)) from None
         num_nodes = 1 if not address else len([n for n in ray.nodes() if n["Alive"]])
         loopback_if_one_node(num_nodes)
         host = LOOPBACK if not address else ray.util.get_node_ip_address()

@@ -39,10 +39,10 @@ class RolloutConfig:
     prompt_suffix: str = ""
     """Appended to each question, e.g. 'Please reason step by step, and put your final answer within \\boxed{}.'"""
     seed_per: SeedPer = SeedPer.call
-    """How generation is seeded. ``call``: one sampler seed per generate call and engine, so vLLM samples
-    the batch on its batched path; the same run (plan and seed) draws the same samples, but another
-    generation layout (more or fewer engines) draws others. ``prompt``: each prompt's samples seeded from
-    its own tokens, the same under any layout, on vLLM's slower per-request path."""
+    """How generation is seeded; every request carries a seed either way (``models.vllm_engine.call_seeds``).
+    ``call``: a call's requests seeded from the call's seed and their position, so the same run (plan and
+    seed) draws the same samples, but another generation layout (more or fewer engines) draws others.
+    ``prompt``: each prompt's samples seeded from its own tokens, the same under any layout."""
 
     def __post_init__(self) -> None:
         for name in ("num_prompts", "num_samples_per_prompt", "max_prompt_tokens", "max_new_tokens"):

@@ -271,17 +271,20 @@ def resume_command(run_dir: Path) -> str:
 def _attempt(cfg: TrainConfig, run_dir: Path, prepared: Prepared, restarts: list[str]) -> Run:
     """One cluster's life: start Ray, deploy the plan, resume or begin, train to the end."""
     from ppo.kl import make_kl_controller
-    from runtime.placement import RayCluster
+    from runtime.placement import PlacementError, RayCluster
     from trainer.run_dir import PROCESS_RECORD
 
     cl = cfg.cluster
-    cluster = RayCluster.start(
-        cl.address,
-        cl.num_cpus,
-        num_gpus=cl.devices_per_node if cl.uses_gpus and not cl.address else 0,
-        num_cpu_devices=0 if cl.uses_gpus else cl.num_devices,
-        record=run_dir / PROCESS_RECORD,
-    )
+    try:
+        cluster = RayCluster.start(
+            cl.address,
+            cl.num_cpus,
+            num_gpus=cl.devices_per_node if cl.uses_gpus and not cl.address else 0,
+            num_cpu_devices=0 if cl.uses_gpus else cl.num_devices,
+            record=run_dir / PROCESS_RECORD,
+        )
+    except PlacementError as e:
+        raise TrainingError(str(e)) from None
     run = None
     try:
         policy_dir = warm_start(cfg, prepared.base_dir, prepared.train_problems)

@@ -56,3 +56,34 @@ def test_a_local_ray_offers_the_gpus_of_a_one_node_gpu_cluster(monkeypatch):
         assert len([n for n in ray.nodes() if n["Alive"]]) == 1
     finally:
         cluster.shutdown()
+
+
+def test_a_ray_that_misses_its_start_up_wait_is_one_line_naming_the_load(monkeypatch, tmp_path):
+    """Ray's raylet has a fixed 30 s to register; on an overloaded machine ``ray.init`` raises a bare
+    Exception. realm says what happened in one line (PlacementError), and ``train.py`` prints it as its
+    ``error:`` line (TrainingError) instead of a traceback."""
+    from runtime.placement import RAY_START_TIMEOUT, start_timeout_message
+    from trainer.loop import TrainingError, _attempt
+
+    message = start_timeout_message(61.24, 2)
+    assert message.startswith("Ray's local node did not start within Ray's 30 s (1-minute load 61.2 on 2 cores)")
+
+    def overloaded(**_):
+        raise Exception(f"The current node {RAY_START_TIMEOUT}. This could happen because some of the raylet ...")
+
+    monkeypatch.setattr("runtime.placement.ray.init", overloaded)
+    with pytest.raises(PlacementError, match=r"^Ray's local node did not start within Ray's 30 s \(1-minute load"):
+        RayCluster.start("", num_cpus=1, num_cpu_devices=1, record=tmp_path / "processes.json")
+
+    def other(**_):
+        raise Exception("something else")
+
+    monkeypatch.setattr("runtime.placement.ray.init", other)
+    with pytest.raises(Exception, match="^something else$"):  # only Ray's start-up wait is translated
+        RayCluster.start("", num_cpus=1, num_cpu_devices=1)
+
+    monkeypatch.setattr("runtime.placement.ray.init", overloaded)
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = to_train_config(compose(config_name="train"))
+    with pytest.raises(TrainingError, match=r"^Ray's local node did not start"):
+        _attempt(cfg, tmp_path, prepared=None, restarts=[])  # type: ignore[arg-type]  # fails before using it
