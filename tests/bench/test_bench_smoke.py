@@ -81,3 +81,13 @@ def test_ppo_step_bench_names_an_unknown_lever():
         [sys.executable, "bench/ppo_step.py", "--levers", "fast"], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode != 0 and "unknown lever 'fast'" in proc.stderr
+
+
+def test_host_memory_bench_builds_the_default_plans_device_processes(tmp_path):
+    """Two gloo processes build the tiny model's shards from a bfloat16 copy of it (a few seconds)."""
+    out = tmp_path / "host_memory.json"
+    proc = _run(["bench/host_memory.py", "--model", "tiny", "--checkpoint-dtype", "bfloat16", "--json", str(out)])
+    report = json.loads(out.read_text())
+    assert "build_host_bytes_over_model_bytes" in proc.stdout
+    assert [r["device"] for r in report["device_processes"]] == [0, 1]
+    assert report["checkpoint_dtype"] == "bfloat16" and report["models"]["actor"]["instances"] == 1
