@@ -30,6 +30,16 @@ def profile_path(value: str) -> Path:
     return Path(value).expanduser()
 
 
+ANALYTIC = "analytic"
+"""``cluster.profile=analytic``: the ``hardware`` preset's analytic model even where a profile of it is shipped."""
+
+
+def hardware_profile(hardware: str) -> str:
+    """The shipped profile measured on ``hardware`` itself, or "" where realm ships none. Example: ``h200`` ->
+    ``h200`` (``planning/profiles/h200.json``, measured on one lent H200, docs/gpu_measure/); ``h100`` -> ""."""
+    return hardware if hardware in shipped_profiles() else ""
+
+
 @dataclass
 class ClusterConfig:
     address: str = ""
@@ -56,11 +66,20 @@ class ClusterConfig:
     time with: the name of one shipped in planning/profiles/ (``cpu-2core``: a 2-core x86_64 machine, one
     thread per device, float32) or the path of one measured on this machine (``bash scripts/plan_calibration.sh``,
     or ``python -m planning.profile --out P.json`` then ``python bench/empty_calls.py --profile P.json`` for
-    the fixed per-call costs). Empty: the ``hardware`` preset's analytic model."""
+    the fixed per-call costs). Empty: the profile shipped for ``hardware`` where there is one (``h200``), else
+    the ``hardware`` preset's analytic model; ``analytic``: that model always (``cost_profile``)."""
     collective_timeout_s: float = 1800.0
     """How long a collective (an all-reduce, an all-gather, a point-to-point transfer) may wait for its
     peers before it fails, on every process group the device processes create. NCCL's watchdog default
     (10 minutes) kills a healthy run whose collective waits behind a long call on another node."""
+
+    @property
+    def cost_profile(self) -> str:
+        """The profile the cost model prices with: ``profile``, or where it is empty the one shipped for
+        ``hardware`` (``hardware_profile``); "" for the analytic model."""
+        if self.profile == ANALYTIC:
+            return ""
+        return self.profile or hardware_profile(self.hardware)
 
     @property
     def num_devices(self) -> int:
@@ -82,7 +101,7 @@ class ClusterConfig:
             raise ValueError(f"cluster.plan is empty: expected {', '.join(PLAN_RULES)} or a plan YAML path")
         if self.plan_search_seconds <= 0:
             raise ValueError(f"cluster.plan_search_seconds={self.plan_search_seconds}: must be > 0")
-        if self.profile and not profile_path(self.profile).is_file():
+        if self.profile not in ("", ANALYTIC) and not profile_path(self.profile).is_file():
             raise ValueError(
                 f"cluster.profile={self.profile}: no such file, nor a shipped profile ({', '.join(shipped_profiles())}); "
                 "write one with bash scripts/plan_calibration.sh"

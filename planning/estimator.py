@@ -309,12 +309,16 @@ def _measured(
     return hw.profile.seconds(op, spec, tokens=tokens, context=context, tp=alloc.tp)  # type: ignore[attr-defined]
 
 
-def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:
+def call_seconds(
+    call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware, fsdp: bool | None = None
+) -> float:
     """Seconds for ``call`` under ``alloc`` (reallocation and offload reloads excluded).
 
     A training call makes ``w.num_epochs`` passes over its batch, each in ``w.num_minibatches``
     optimizer steps (a pipeline flush after each). The old logprobs' forward (``w.old_logprobs_pass``)
-    is a call of its own, ``actor_inf`` (``training_layout_forward_seconds``).
+    is a call of its own, ``actor_inf`` (``training_layout_forward_seconds``). ``fsdp``: whether training
+    runs on FSDP2 shards, which sets the profile's host floors; None: as the runtime does, when dp > 1
+    (True at dp = 1 prices FSDP2 at a world of 1, which ``bench/h200_step.py`` holds against a measurement).
     """
     kind = CALL_KIND[call]
     if kind == GENERATE:
@@ -323,15 +327,15 @@ def call_seconds(call: str, spec: ModelSpec, alloc: CallAllocation, w: Workload,
         return _passes_seconds(spec, alloc, w, hw, passes=1, flushes=1)
     n, mb, pp, dp, tp = spec.num_params(), alloc.num_microbatches, alloc.pp, alloc.dp, alloc.tp
     epochs, steps = w.num_epochs, w.num_epochs * w.num_minibatches
-    passes = 4 if alloc.activation_checkpointing else 3
-    t = epochs * _passes_seconds(spec, alloc, w, hw, passes=passes, flushes=w.num_minibatches, fsdp=dp > 1)
+    passes, fsdp = (4 if alloc.activation_checkpointing else 3), (dp > 1 if fsdp is None else fsdp)
+    t = epochs * _passes_seconds(spec, alloc, w, hw, passes=passes, flushes=w.num_minibatches, fsdp=fsdp)
     shard = n * w.value_bytes / (tp * pp)
     if dp > 1:  # all-gathers for each micro-batch's forward and backward, a reduce-scatter per step
         gathers = (2 * mb * epochs + steps) * (dp - 1) / dp * shard / _dp_link(alloc, hw)
         t = max(t, gathers) + hw.collective_latency_s * spec.num_layers * mb * epochs
     if hw.profile is not None:  # the measured Adam step of one unsharded layer, split by FSDP
         adam = _measured(_optimizer_op(alloc, hw), spec, 0, alloc, hw) * spec.num_layers
-        t += steps * (adam / (pp * dp) + _step_floor(spec, alloc, hw, adam))
+        t += steps * (adam / (pp * dp) + _step_floor(spec, alloc, hw, adam, fsdp))
     else:  # Adam reads and writes the fp32 state
         t += steps * 2 * n * (w.train_state_bytes - w.value_bytes) / (tp * pp * dp) / hw.hbm_bytes_per_s
     return t + steps * hw.step_overhead_s
@@ -365,14 +369,14 @@ def _microbatch_floor(spec: ModelSpec, alloc: CallAllocation, hw: Hardware, pass
     return floor / alloc.pp
 
 
-def _step_floor(spec: ModelSpec, alloc: CallAllocation, hw: Hardware, adam: float) -> float:
+def _step_floor(spec: ModelSpec, alloc: CallAllocation, hw: Hardware, adam: float, fsdp: bool) -> float:
     """Seconds an optimizer step pays beyond the Adam arithmetic the layer profile prices: gradient
     clipping, ``zero_grad`` and the host's per-parameter work, which FSDP does not divide (the profile's
     whole-model ``step`` at one rank minus ``adam``, the unsharded model's priced Adam; 0 without one)."""
     profile: Any = hw.profile
     if profile is None or not getattr(profile, "overheads", None):
         return 0.0
-    return max(0.0, profile.overhead("step", spec, fsdp=alloc.dp > 1) - adam) / alloc.pp
+    return max(0.0, profile.overhead("step", spec, fsdp=fsdp) - adam) / alloc.pp
 
 
 def training_layout_forward_seconds(spec: ModelSpec, alloc: CallAllocation, w: Workload, hw: Hardware) -> float:

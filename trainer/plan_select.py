@@ -164,10 +164,11 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec], longest_prompt: int 
 
 def cluster_hardware(cl: ClusterConfig):
     """The cost model's ``Hardware`` for the configured cluster, with ``cluster.profile``'s measured
-    costs when one is given (a PlanError names the key and the file when it cannot be read)."""
+    costs when one is given, or the one shipped for ``cluster.hardware`` (``ClusterConfig.cost_profile``; a
+    PlanError names the key and the file when it cannot be read)."""
     from planning.estimator import hardware
 
-    profile = _load_profile(str(profile_path(cl.profile))) if cl.profile else None
+    profile = _load_profile(str(profile_path(cl.cost_profile))) if cl.cost_profile else None
     return hardware(cl.hardware, cl.num_nodes, cl.devices_per_node, profile)
 
 
@@ -290,7 +291,7 @@ def plan_report(cfg: TrainConfig, longest_prompt: int | None = None) -> PlanRepo
     cost = estimate_plan(plan, w, hw)
     gib = float(1 << 30)
     lines = [
-        f"cluster: {cl.num_nodes} x {cl.devices_per_node} {cl.hardware}; plan: {plan.source}; model "
+        f"cluster: {cl.num_nodes} x {cl.devices_per_node} {cl.hardware} (time: {_priced_by(cl)}); plan: {plan.source}; model "
         f"{cfg.model.name}; {w.batch} sequences x ({w.prompt_len} prompt + {w.gen_len} new) tokens per iteration"
         + (f", time at {w.computed_prompt_len}-token prompts" if longest_prompt else "")
     ]
@@ -317,6 +318,11 @@ def plan_report(cfg: TrainConfig, longest_prompt: int | None = None) -> PlanRepo
         f"peak {cost.peak_bytes / gib:.1f} GiB/device"
     )
     return PlanReport(plan, lines, summary, problem)
+
+
+def _priced_by(cl: ClusterConfig) -> str:
+    """What the dry run's times come from: ``profile h200`` (a measured profile) or ``analytic h100 preset``."""
+    return f"profile {cl.cost_profile}" if cl.cost_profile else f"analytic {cl.hardware} preset"
 
 
 def _old_logprobs_line(plan: ExecutionPlan, seconds: float | None) -> str:

@@ -330,6 +330,25 @@ def test_cluster_profile_prices_the_dry_run_with_measured_costs(tmp_path):
         plan_report(_cfg(f"cluster.profile={tmp_path / 'broken.json'}"))
 
 
+def test_h200_clusters_price_with_the_shipped_h200_profile():
+    """cluster.hardware=h200 with no cluster.profile prices with planning/profiles/h200.json (the only
+    hardware realm ships a profile of), and says so on the dry run's cluster line; cluster.profile=analytic
+    gives the h200 preset's analytic model, and h100 has no profile to take."""
+    from planning.config import hardware_profile
+    from trainer.plan_select import cluster_hardware, plan_report
+
+    h200 = _cfg("experiment=reward_paper_1.5b", "cluster=gpu_1x8", "cluster.hardware=h200")
+    analytic = _cfg(
+        "experiment=reward_paper_1.5b", "cluster=gpu_1x8", "cluster.hardware=h200", "cluster.profile=analytic"
+    )
+    assert (h200.cluster.cost_profile, analytic.cluster.cost_profile) == ("h200", "")
+    assert (hardware_profile("h200"), hardware_profile("h100"), hardware_profile("cpu")) == ("h200", "", "")
+    assert cluster_hardware(h200.cluster).profile.device == "NVIDIA H200 (bfloat16)"
+    assert cluster_hardware(analytic.cluster).profile is None
+    assert "1 x 8 h200 (time: profile h200)" in plan_report(h200).lines[0]
+    assert "1 x 8 h200 (time: analytic h200 preset)" in plan_report(analytic).lines[0]
+
+
 def test_the_cpu_default_searches_the_side_by_side_plan_well_inside_its_budget():
     """local_cpu's default (search, priced with the shipped cpu-2core profile, at the default run's longest
     prompt): actor and critic trained side by side, one on each device, generation in one wave on both; the
