@@ -4,6 +4,7 @@
 # pytest's exit code 5 (no tests collected) is a failure here, not a pass.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+started=$(date +%s)
 # The environment defaults live in one place, common/env.py (tests/conftest.py applies them too).
 eval "$(.venv/bin/python -m common.env)"
 export REALM_CACHE_DIR="${REALM_CACHE_DIR:-$PWD/.cache/realm-test}"
@@ -21,6 +22,8 @@ else
   "${cmd[@]}"
   rc=$?
 fi
+elapsed=$(( $(date +%s) - started ))
+echo "[tests] total $((elapsed / 60)) min $((elapsed % 60)) s, load average $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || echo unknown)"
 if [ "$rc" -eq 5 ]; then
   echo "[tests] pytest collected no tests: failing" >&2
   exit 1

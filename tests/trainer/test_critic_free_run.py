@@ -43,12 +43,15 @@ def test_dr_grpo_trains_without_a_critic_or_a_reference(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("algorithm", ["grpo", "rloo", "reinforce_pp"])
 def test_every_critic_free_algorithm_trains_and_resumes(algorithm, tmp_path):
-    """Two iterations with PRM Clip-Delta rewards (process rewards in the estimator), then one more from the
-    checkpoint: the resumed run's first two rows are the uninterrupted ones, bit for bit (one machine runs the
-    same sums in the same order, under every CPU kernel set)."""
+    """Two iterations with PRM Clip-Delta rewards (process rewards in the estimator); GRPO then runs one more
+    from the checkpoint: the resumed run's first two rows are the uninterrupted ones, bit for bit (one machine
+    runs the same sums in the same order, under every CPU kernel set). A critic-free checkpoint is the same
+    for every estimator, so one resume covers them."""
     common = [f"algorithm={algorithm}", "+reward=prm_clip_delta", *SMALL, "run.checkpoint_every=1"]
     proc = _train([*common, "run.num_iterations=2", f"hydra.run.dir={tmp_path}"])
     _check_run(tmp_path, proc, algorithm, 2)
+    if algorithm != "grpo":
+        return
     first = _rows(tmp_path)
     proc = _train([*common, "run.num_iterations=3", f"hydra.run.dir={tmp_path}"])
     assert "[resume] from" in proc.stdout, proc.stdout[-2000:]
