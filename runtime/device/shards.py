@@ -69,33 +69,43 @@ from runtime.dispatch import Gather, Split, dispatch
 
 
 def _load_model(model_cls, model_dir: str, ranks: Ranks, dtype: torch.dtype = torch.float32, **kwargs):
-    """Load an HF model in host memory in ``dtype``, dropout off; ``_shard`` then puts only this rank's
-    part on the device, so a whole model never lands on a GPU that an engine and other shards share.
+    """Load an HF model in host memory, dropout off, its weights in the dtype the checkpoint stores
+    (``models.stored_weights.stored_dtype``: transformers then maps the file and copies nothing); ``_shard``
+    converts to ``dtype`` only what this rank keeps and puts only that on the device, so a whole model never
+    lands on a GPU that an engine and other shards share, nor (converted) in every process's host memory.
 
     Returns the model and the names of weights missing from ``model_dir`` (newly initialized).
     """
     from transformers.utils import logging as hf_logging
 
+    from models.stored_weights import stored_dtype
+
     # A missing value head is expected (it is zero-initialized below): no load report for it.
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()
     try:
-        model, info = model_cls.from_pretrained(model_dir, dtype=dtype, output_loading_info=True, **kwargs)
+        model, info = model_cls.from_pretrained(
+            model_dir, dtype=stored_dtype(model_dir) or dtype, output_loading_info=True, **kwargs
+        )
     finally:
         hf_logging.set_verbosity(verbosity)
     model.eval()
     return model, list(info["missing_keys"])
 
 
-def _shard(model: nn.Module, ranks: Ranks) -> nn.Module:
+def _shard(model: nn.Module, ranks: Ranks, dtype: torch.dtype | None = None) -> nn.Module:
     """TP within each replica (``ranks.tp_size > 1``), then FSDP2 across replicas (``num_dp > 1``),
     each moving only this rank's shards to the device (``distribute_tensor``, ``fully_shard``); then
-    the rest (an unsharded replica, buffers) follows.
+    the rest (an unsharded replica, buffers) follows. With ``dtype``, the weights are converted to it as
+    they are kept (``models.stored_weights``): a TP rank converts its own shards, an FSDP rank the rows it
+    keeps, an unsharded replica each weight on its way to the device.
 
     A single replica stays without FSDP: its parameters are then the TP shards themselves, which
     reallocation writes into, and ``Ranks.autocast`` gives it the compute dtype. A pipeline stage
     (``ranks.pipeline``) first drops what the other stages hold.
     """
+    from models.stored_weights import cast_fsdp_rows, cast_weights
+
     if ranks.pipeline is not None:
         keep_stage(model, ranks.pipeline.stage, ranks.pipeline.num_stages)
     if ranks.sharded:
@@ -106,9 +116,15 @@ def _shard(model: nn.Module, ranks: Ranks) -> nn.Module:
         if ranks.tp_group is not None:
             apply_tp(model, mesh["tp"])
             mesh = mesh["dp"]
+            if dtype is not None:
+                cast_weights(model, dtype)  # the TP shards (and what TP replicates) before FSDP cuts them
         if ranks.num_dp > 1:
+            if dtype is not None:
+                cast_fsdp_rows(model, dtype, mesh.get_local_rank(), mesh.size())
             param_dtype = None if ranks.compute_dtype == torch.float32 else ranks.compute_dtype
             model = apply_fsdp(model, mesh, param_dtype=param_dtype, reduce_dtype=torch.float32)
+    if dtype is not None:
+        cast_weights(model, dtype, ranks.device)
     return model.to(ranks.device)
 
 
@@ -557,10 +573,10 @@ class PolicyShard:
         self.temperature = temperature
         self.model_dir = model_dir
         torch.manual_seed(seed)
-        model, _ = _load_model(AutoModelForCausalLM, model_dir, self.ranks)  # float32 master weights
+        model, _ = _load_model(AutoModelForCausalLM, model_dir, self.ranks)
         if activation_checkpointing:
             _checkpoint_activations(model)
-        self.model = _shard(model, self.ranks)
+        self.model = _shard(model, self.ranks, torch.float32)  # float32 master weights
         self.trainer = _Trainer(
             self.model, self.ranks, self.ppo, self.ppo.actor_lr, num_iterations, seed, loss_norm_tokens
         )
@@ -737,7 +753,7 @@ class CriticShard:
                     head.bias.zero_()
         if frozen:
             model.requires_grad_(False)
-        self.model = _shard(model, self.ranks)
+        self.model = _shard(model, self.ranks, weights_dtype)
         self._trainer = (
             None if frozen else _Trainer(self.model, self.ranks, self.ppo, self.ppo.critic_lr, num_iterations, seed)
         )
@@ -837,6 +853,8 @@ class ReferenceShard:
         or pipeline stages cannot (``runtime.topology.check_supported`` refuses such a plan)."""
         from transformers import AutoModelForCausalLM
 
+        from models.stored_weights import cast_weights
+
         self.ranks = Ranks.of(ranks, dtype)
         if offload and self.ranks.sharded:
             raise ValueError("offload needs an unsharded reference replica (tp = pp = 1)")
@@ -847,10 +865,11 @@ class ReferenceShard:
         model, _ = _load_model(AutoModelForCausalLM, model_dir, self.ranks, self.ranks.compute_dtype)
         model.requires_grad_(False)
         if offload:  # straight to host memory: the device sees it only during its calls
+            cast_weights(model, self.ranks.compute_dtype)
             self.model = model
             self.memory.to_host("ref", model)
         else:
-            self.model = _shard(model, self.ranks)
+            self.model = _shard(model, self.ranks, self.ranks.compute_dtype)
 
     @dispatch(Split.replica_rows, Gather.concat)
     def compute_logprobs(self, batch: Mapping[str, Tensor], num_microbatches: int = 1) -> Tensor:
