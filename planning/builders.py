@@ -135,7 +135,7 @@ def _pick(
     if frozen_only and call not in ("ref_inf", "rew_inf"):
         return options[0]
     ev = evaluator(w, hw)
-    budget = fraction * hw.gpu_memory_bytes
+    budget = fraction * hw.usable_memory_bytes
     for a in options:  # fastest first
         if sum(ev.facts(call, a)[1:]) <= budget:
             return a

@@ -30,6 +30,11 @@ def profile_path(value: str) -> Path:
     return Path(value).expanduser()
 
 
+MEMORY_UTILIZATION = 0.9
+"""The share of each device's memory a plan may fill (``cluster.memory_utilization``'s default): vLLM's
+``gpu_memory_utilization`` default, the same idea. The rest is a margin for the caching allocator's
+fragmentation and what the lifecycle does not price (cuBLAS workspaces, NCCL's LL buffers, kernels'
+scratch): 8 GiB of an 80 GiB H100, 14.1 of an H200's 141."""
 ANALYTIC = "analytic"
 """``cluster.profile=analytic``: the ``hardware`` preset's analytic model even where a profile of it is shipped."""
 
@@ -68,6 +73,11 @@ class ClusterConfig:
     or ``python -m planning.profile --out P.json`` then ``python bench/empty_calls.py --profile P.json`` for
     the fixed per-call costs). Empty: the profile shipped for ``hardware`` where there is one (``h200``), else
     the ``hardware`` preset's analytic model; ``analytic``: that model always (``cost_profile``)."""
+    memory_utilization: float = MEMORY_UTILIZATION
+    """The share of each device's memory the plan may fill, the rest a margin (vLLM's
+    ``gpu_memory_utilization`` idea): the plan search, the heuristic's fitting and the memory lifecycle check
+    every device against it. Of the ``hardware`` preset's memory on CPU and in dry runs; of what
+    ``torch.cuda.mem_get_info`` reports at the start of a GPU run (its total, and at most what is free)."""
     collective_timeout_s: float = 1800.0
     """How long a collective (an all-reduce, an all-gather, a point-to-point transfer) may wait for its
     peers before it fails, on every process group the device processes create. NCCL's watchdog default
@@ -106,5 +116,7 @@ class ClusterConfig:
                 f"cluster.profile={self.profile}: no such file, nor a shipped profile ({', '.join(shipped_profiles())}); "
                 "write one with bash scripts/plan_calibration.sh"
             )
+        if not 0 < self.memory_utilization <= 1:
+            raise ValueError(f"cluster.memory_utilization={self.memory_utilization}: must be in (0, 1]")
         if self.collective_timeout_s <= 0:
             raise ValueError(f"cluster.collective_timeout_s={self.collective_timeout_s}: must be > 0")

@@ -55,6 +55,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from planning.config import MEMORY_UTILIZATION
 from planning.execution_plan import (
     CALL_KIND,
     CALL_MODEL,
@@ -105,6 +106,16 @@ class Hardware:
     the profile prices: FSDP's gradient reduce-scatter and the optimizer's per-parameter dispatch over
     DTensors (as ``call_overhead_s``: on CPU from the profile, 0 in the GPU presets)."""
 
+    memory_margin_bytes: float = 0.0
+    """Device memory a plan leaves free (``hardware``: ``cluster.memory_utilization``'s share of
+    ``gpu_memory_bytes``, or more where less was free at start): the allocator's fragmentation and what the
+    lifecycle does not price."""
+
+    @property
+    def usable_memory_bytes(self) -> float:
+        """What a plan may fill on each device: ``gpu_memory_bytes - memory_margin_bytes``."""
+        return self.gpu_memory_bytes - self.memory_margin_bytes
+
     @property
     def num_gpus(self) -> int:
         return self.num_nodes * self.gpus_per_node
@@ -148,13 +159,39 @@ HARDWARE: dict[str, dict[str, Any]] = {
 }
 
 
-def hardware(name: str, num_nodes: int, gpus_per_node: int, profile: object | None = None) -> Hardware:
-    """``"a100-80g" | "h100" | "h200" | "cpu"`` with the given cluster shape."""
+def hardware(
+    name: str,
+    num_nodes: int,
+    gpus_per_node: int,
+    profile: object | None = None,
+    *,
+    memory_utilization: float = MEMORY_UTILIZATION,
+    device_memory: tuple[float, float] | None = None,
+) -> Hardware:
+    """``"a100-80g" | "h100" | "h200" | "cpu"`` with the given cluster shape. A plan may fill
+    ``memory_utilization`` of each device's memory: the preset's, or with ``device_memory``, ``(free, total)``
+    bytes read from the devices at start (``torch.cuda.mem_get_info``), the total's share and at most
+    what was free. Example: an H100 preset of 80 GiB at 0.9 leaves a margin of 8 GiB, 72 GiB usable;
+    measured (70, 79.2) GiB at 0.9 leaves 70 usable (margin 9.2)."""
     if name not in HARDWARE:
         raise ValueError(f"unknown GPU {name!r}: expected one of {sorted(HARDWARE)}")
     if num_nodes < 1 or gpus_per_node < 1:
         raise ValueError(f"need num_nodes >= 1 and gpus_per_node >= 1, got {num_nodes} x {gpus_per_node}")
-    hw = Hardware(num_nodes=num_nodes, gpus_per_node=gpus_per_node, name=name, profile=profile, **HARDWARE[name])
+    preset = dict(HARDWARE[name])
+    if device_memory is not None:
+        preset["gpu_memory_bytes"] = device_memory[1]
+    usable = memory_utilization * preset["gpu_memory_bytes"]
+    if device_memory is not None:
+        usable = min(usable, device_memory[0])
+    margin = preset["gpu_memory_bytes"] - usable
+    hw = Hardware(
+        num_nodes=num_nodes,
+        gpus_per_node=gpus_per_node,
+        name=name,
+        profile=profile,
+        memory_margin_bytes=margin,
+        **preset,
+    )
     if name == "cpu" and profile is not None:  # the profiled machine's cores and fixed per-call cost
         p: Any = profile
         hw = replace(hw, num_cores=p.num_cores, call_overhead_s=p.call_overhead_s, step_overhead_s=p.step_overhead_s)
@@ -868,7 +905,7 @@ class Evaluator:
 
     def fits_alone(self, call: str, a: CallAllocation) -> bool:
         _, resident, active, copy = self.facts(call, a)
-        return resident + active + copy <= self.hw.gpu_memory_bytes
+        return resident + active + copy <= self.hw.usable_memory_bytes
 
     def training_forward(self, call: str, a: CallAllocation) -> float:
         """``training_layout_forward_seconds`` of ``call``'s model under ``a`` (cached by identity, then shape)."""
@@ -975,7 +1012,7 @@ class Evaluator:
     def estimate(self, calls: tuple[tuple[str, CallAllocation], ...]) -> PlanCost:
         peak = self.peak(calls)
         worst = float(np.nanmax(peak))
-        overflow = max(0.0, worst - self.hw.gpu_memory_bytes)
+        overflow = max(0.0, worst - self.hw.usable_memory_bytes)
         seconds = self.durations(calls)
         period = self.period(calls, seconds=seconds)
         moves = {c: seconds.pop(c) for c in ("realloc_actor", "realloc_critic") if c in seconds}
@@ -1016,4 +1053,4 @@ def memory_lifecycle(plan: ExecutionPlan, w: Workload, hw: Hardware) -> MemoryLi
     """The plan's device-memory lifecycle (``planning.lifecycle``), which ``estimate_plan``'s peaks price."""
     from planning.lifecycle import memory_lifecycle as build
 
-    return build(plan.calls, lifecycle_inputs(w, hw), hw.gpu_memory_bytes)
+    return build(plan.calls, lifecycle_inputs(w, hw), hw.gpu_memory_bytes, hw.memory_margin_bytes)

@@ -27,7 +27,8 @@ What the runtime holds (``runtime.device``), per device of the call that holds i
   reallocation loads new ones into it; nothing while other calls use the device (sleep level 2: the
   weights are overwritten before the next generation anyway). An engine whose devices no other call
   uses, or any engine on CPU (vLLM-CPU has no sleep mode), stays awake.
-- each process's CUDA context on GPUs (the device process and, on generation devices, the engine).
+- each process's CUDA context on GPUs (the device process and, on generation devices, the engine), and
+  the NCCL communicators of the process groups it joins (``planning.communicators``).
 - while reallocation runs, a bucket of weights in flight on every device it spans, and on each rank of a
   tensor-parallel engine the full-size tensor it loads one parameter at a time (``engine_reload_bytes``).
 """
@@ -40,13 +41,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from planning.communicators import communicator_bytes, device_communicators, engine_communicators
 from planning.execution_plan import CALL_KIND, CALL_MODEL, GENERATE, INFERENCE, TRAIN, Call, CallAllocation
 from reallocation.layout import ModelSpec
 
 FP32 = 4
 ADAM_BYTES = 8  # m and v in float32 per trainable parameter
 TRANSFER_BUFFER_BYTES = 64 << 20  # reallocation.reshard.DEFAULT_BUCKET_BYTES: one bucket in flight
-CUDA_CONTEXT_BYTES = 512 << 20  # per process on a GPU (CUDA context, allocator and NCCL state)
+CUDA_CONTEXT_BYTES = 512 << 20  # per process on a GPU: CUDA context and cuBLAS (NCCL: planning.communicators)
 ENGINE_WORKSPACE_BYTES = 1 << 30  # vLLM's own activations and sampler while it generates (on a GPU)
 
 
@@ -75,6 +77,7 @@ class Kind(StrEnum):
     activations = "activations"
     buffers = "buffers"
     context = "context"
+    communicators = "communicators"
 
 
 @dataclass(frozen=True)
@@ -268,10 +271,31 @@ def holdings(calls: Mapping[str, CallAllocation], x: Inputs) -> list[Holding]:
         out.append(Holding("critic_inf", Kind.weights, weights, inf.devices, frozenset(PHASES)))
     out += _engine(calls, x) + _engine_reload(calls, x) + _activations(calls, x) + _transfers(calls)
     if x.gpu:
-        devices = tuple(sorted({d for a in calls.values() for d in a.devices}))
-        gen = calls[Call.actor_gen].devices
-        out.append(Holding("process", Kind.context, CUDA_CONTEXT_BYTES, devices, frozenset(PHASES)))
-        out.append(Holding("engine", Kind.context, CUDA_CONTEXT_BYTES, gen, frozenset(PHASES)))
+        out += _contexts(calls)
+    return out
+
+
+def _contexts(calls: Mapping[str, CallAllocation]) -> list[Holding]:
+    """Each process's CUDA context and its NCCL communicators (``planning.communicators``) on a GPU: the
+    device process on every plan device, the engine rank on every generation device. Devices joining as many
+    communicators share one holding."""
+    devices = sorted({d for a in calls.values() for d in a.devices})
+    gen = calls[Call.actor_gen]
+    by_count: dict[int, list[int]] = {}
+    for d in devices:
+        by_count.setdefault(device_communicators(calls, d), []).append(d)
+    every = frozenset(PHASES)
+    out = [Holding("process", Kind.context, CUDA_CONTEXT_BYTES, tuple(devices), every)]
+    out += [
+        Holding("process", Kind.communicators, communicator_bytes(n), tuple(ds), every)
+        for n, ds in by_count.items()
+        if n
+    ]
+    out.append(Holding("engine", Kind.context, CUDA_CONTEXT_BYTES, gen.devices, every))
+    if engine_communicators(gen):
+        out.append(
+            Holding("engine", Kind.communicators, communicator_bytes(engine_communicators(gen)), gen.devices, every)
+        )
     return out
 
 
@@ -297,6 +321,12 @@ class MemoryLifecycle:
     capacity_bytes: float
     engines_sleep: bool
     """Whether the engines sleep between generations (``engines_sleep``)."""
+    margin_bytes: float = 0.0
+    """What the plan leaves free of ``capacity_bytes`` (``Hardware.memory_margin_bytes``)."""
+
+    @property
+    def usable_bytes(self) -> float:
+        return self.capacity_bytes - self.margin_bytes
 
     def bytes(self, device: int, phase: Phase) -> float:
         return phase_bytes(self.items, device, phase)
@@ -306,7 +336,7 @@ class MemoryLifecycle:
         return max(((p, self.bytes(device, p)) for p in PHASES), key=lambda pb: pb[1])
 
     def fits(self) -> bool:
-        return all(self.fullest(d)[1] <= self.capacity_bytes for d in self.devices)
+        return all(self.fullest(d)[1] <= self.usable_bytes for d in self.devices)
 
     def engine_budget(self, device: int) -> dict[Kind, float]:
         """What the engine rank on ``device`` holds while it generates, by kind (weights, KV cache,
@@ -323,7 +353,7 @@ class MemoryLifecycle:
         An offloaded replica counts as "host": it visits the device only for its own call."""
         out: dict[tuple[str, str], str] = {}
         for h in self.items:
-            if device not in h.devices or h.kind in (Kind.activations, Kind.buffers, Kind.context):
+            if device not in h.devices or h.kind in (Kind.activations, Kind.buffers, Kind.context, Kind.communicators):
                 continue
             if phase in h.on_device and h.during is None:
                 out[h.owner, h.kind] = "device"
@@ -335,6 +365,7 @@ class MemoryLifecycle:
         """Per device and phase: GiB and what must be where (``residency``), for the run directory."""
         return {
             "capacity_gib": self.capacity_bytes / (1 << 30),
+            "margin_gib": self.margin_bytes / (1 << 30),
             "engines_sleep": self.engines_sleep,
             "devices": {
                 str(d): {
@@ -357,7 +388,7 @@ class MemoryLifecycle:
             key = tuple(round(self.bytes(d, p) / gib, 1) for p in PHASES)
             rows.setdefault(key, []).append(d)
         lines = [
-            f"  memory per device, GiB of {self.capacity_bytes / gib:.0f} "
+            f"  memory per device, GiB of {self.usable_bytes / gib:.1f} usable "
             f"({' / '.join(PHASES)}; * = fullest, engine and frozen weights as the lifecycle places them):"
         ]
         for key, devices in rows.items():
@@ -384,9 +415,13 @@ def _span(devices: list[int]) -> str:
     return ",".join(map(str, devices))
 
 
-def memory_lifecycle(calls: Mapping[str, CallAllocation], x: Inputs, capacity_bytes: float) -> MemoryLifecycle:
+def memory_lifecycle(
+    calls: Mapping[str, CallAllocation], x: Inputs, capacity_bytes: float, margin_bytes: float = 0.0
+) -> MemoryLifecycle:
     devices = tuple(sorted({d for a in calls.values() for d in a.devices}))
-    return MemoryLifecycle(tuple(holdings(calls, x)), devices, capacity_bytes, engines_sleep(calls, x.gpu))
+    return MemoryLifecycle(
+        tuple(holdings(calls, x)), devices, capacity_bytes, engines_sleep(calls, x.gpu), margin_bytes
+    )
 
 
 def peak_bytes(items: Iterable[Holding], num_devices: int) -> list[float]:

@@ -67,7 +67,7 @@ class SearchReport:
 
 def _penalized(cost: PlanCost, hw: Hardware) -> float:
     """Overflowing plans cost more the more they overflow (for the chain's moves only)."""
-    return cost.seconds_per_iteration * (1 + 4 * cost.overflow_bytes / hw.gpu_memory_bytes) + (
+    return cost.seconds_per_iteration * (1 + 4 * cost.overflow_bytes / hw.usable_memory_bytes) + (
         1e3 if not cost.fits else 0.0
     )
 
@@ -162,7 +162,8 @@ def _fitting_plan(
     cost, calls = best
     if cost is None:
         raise NoFitError(
-            f"no execution plan fits in {hw.gpu_memory_bytes / 2**30:.0f} GiB per GPU; the smallest "
+            f"no execution plan fits in {hw.usable_memory_bytes / 2**30:.1f} GiB per GPU (of "
+            f"{hw.gpu_memory_bytes / 2**30:.1f}, less the memory margin); the smallest "
             f"overflow found is {smallest_overflow / 2**30:.2f} GiB",
             smallest_overflow,
         )
@@ -266,7 +267,7 @@ class _State:
         here = self.evaluate(current)
         bound = here.seconds_per_iteration if here.fits else math.inf
         best = None
-        capacity = self.hw.gpu_memory_bytes
+        capacity = self.hw.usable_memory_bytes
         for i, alloc in enumerate(options):
             if self.ev.seconds(call, alloc) >= bound:
                 break  # options are sorted by time alone; none further can beat the bound
@@ -457,7 +458,7 @@ def format_report(report: SearchReport, hw: Hardware) -> str:
     by_value: dict[str, list[int]] = {}
     for d, v in sorted(peaks.items()):
         by_value.setdefault(f"{v / 2**30:.1f}", []).append(d)
-    lines.append(f"peak memory per GPU (GiB of {hw.gpu_memory_bytes / 2**30:.0f}):")
+    lines.append(f"peak memory per GPU (GiB of {hw.usable_memory_bytes / 2**30:.1f} usable):")
     for value, devices in sorted(by_value.items(), key=lambda kv: -float(kv[0])):
         lines.append(f"  {value:>6} GiB on {_ranges(devices)}")
     lines.append("baselines:")

@@ -156,16 +156,19 @@ def execution_plan(
     ``longest_prompt``: the run's longest rendered training prompt (the search prices time at it)."""
     from planning.execution_plan import PlanError
     from runtime.topology import UnsupportedPlan, check_supported
-    from trainer.plan_select import model_specs, plan_lifecycle, resolve_plan
+    from trainer.plan_select import model_specs, plan_lifecycle, read_device_memory, resolve_plan
 
     critic_dir = policy_dir if cfg.critic.from_policy else None
+    memory = read_device_memory(cfg.cluster)
+    if memory is not None:
+        _log(f"[plan] device memory at start: {memory[0] / 2**30:.1f} GiB free of {memory[1] / 2**30:.1f} GiB")
     try:
         specs = model_specs(cfg, actor_dir=policy_dir, critic_dir=critic_dir, reward_dir=reward_dir)
-        plan = resolve_plan(cfg, specs, run_dir=run_dir, log=_log, longest_prompt=longest_prompt)
+        plan = resolve_plan(cfg, specs, run_dir=run_dir, log=_log, longest_prompt=longest_prompt, device_memory=memory)
         check_supported(plan, specs)
     except (PlanError, UnsupportedPlan) as e:
         raise TrainingError(str(e)) from None
-    lifecycle = plan_lifecycle(cfg, plan, specs)
+    lifecycle = plan_lifecycle(cfg, plan, specs, memory)
     atomic_write_text(run_dir / "memory_lifecycle.json", json.dumps(lifecycle.to_json(), indent=1))
     return plan, lifecycle
 

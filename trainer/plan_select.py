@@ -16,6 +16,7 @@ starts, and errors name the file, the call and the field. Pure: no Ray, no torch
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -162,14 +163,50 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec], longest_prompt: int 
     )
 
 
-def cluster_hardware(cl: ClusterConfig):
+DeviceMemory = tuple[float, float]
+"""``(free, total)`` bytes of a device, as ``torch.cuda.mem_get_info`` gives them."""
+
+_MEM_GET_INFO = (
+    "import json, torch\n"
+    "m = [torch.cuda.mem_get_info(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []\n"
+    "print(json.dumps([min(f for f, _ in m), min(t for _, t in m)] if m else None))\n"
+)
+
+
+def read_device_memory(cl: ClusterConfig) -> DeviceMemory | None:
+    """At the start of a GPU run: the least free and the least total memory over this node's GPUs
+    (``torch.cuda.mem_get_info``), read in a child process so that the driver keeps no CUDA context on a
+    device the plan fills. None for a gloo cluster, or where the child sees no GPU or fails (the preset then
+    stands). Every node is taken to be as this one (``Hardware``: identical nodes)."""
+    import subprocess
+    import sys
+
+    if not cl.uses_gpus:
+        return None
+    proc = subprocess.run([sys.executable, "-c", _MEM_GET_INFO], capture_output=True, text=True, timeout=300)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines or lines[-1] == "null":
+        return None
+    free, total = json.loads(lines[-1])
+    return float(free), float(total)
+
+
+def cluster_hardware(cl: ClusterConfig, device_memory: DeviceMemory | None = None):
     """The cost model's ``Hardware`` for the configured cluster, with ``cluster.profile``'s measured
     costs when one is given, or the one shipped for ``cluster.hardware`` (``ClusterConfig.cost_profile``; a
-    PlanError names the key and the file when it cannot be read)."""
+    PlanError names the key and the file when it cannot be read), and ``cluster.memory_utilization`` of the
+    preset's device memory or of ``device_memory`` (``read_device_memory``)."""
     from planning.estimator import hardware
 
     profile = _load_profile(str(profile_path(cl.cost_profile))) if cl.cost_profile else None
-    return hardware(cl.hardware, cl.num_nodes, cl.devices_per_node, profile)
+    return hardware(
+        cl.hardware,
+        cl.num_nodes,
+        cl.devices_per_node,
+        profile,
+        memory_utilization=cl.memory_utilization,
+        device_memory=device_memory,
+    )
 
 
 @lru_cache(maxsize=4)
@@ -204,17 +241,19 @@ def resolve_plan(
     run_dir: Path | None = None,
     log: Callable[[str], None] | None = None,
     longest_prompt: int | None = None,
+    device_memory: DeviceMemory | None = None,
 ) -> ExecutionPlan:
     """The execution plan ``cfg.cluster.plan`` names, validated against the cluster and ``specs``.
 
     With ``run_dir``, the plan is also written there as ``plan.yaml`` (a searched plan is only
-    reproducible from that file). ``longest_prompt``: as ``workload``'s. Raises PlanError.
+    reproducible from that file). ``longest_prompt``: as ``workload``'s; ``device_memory``: as
+    ``cluster_hardware``'s (a GPU run's, read at start). Raises PlanError.
     """
     from planning.builders import fit_microbatches, realm_disjoint_plan, realm_heuristic_plan
 
     cl, r = cfg.cluster, cfg.rollout
     rows, seq_len = r.num_prompts * r.num_samples_per_prompt, r.max_prompt_tokens + r.max_new_tokens
-    w, hw = workload(cfg, specs, longest_prompt), cluster_hardware(cl)
+    w, hw = workload(cfg, specs, longest_prompt), cluster_hardware(cl, device_memory)
     if cl.plan == "heuristic":
         plan = fit_microbatches(realm_heuristic_plan(cl, specs, rows=rows, seq_len=seq_len), w, hw)
         where = "cluster.plan=heuristic"
@@ -305,6 +344,7 @@ def plan_report(cfg: TrainConfig, longest_prompt: int | None = None) -> PlanRepo
         )
     lines.append(_old_logprobs_line(plan, cost.call_seconds.get("actor_inf")))
     lines.append(f"  reallocation {cost.realloc_seconds:.2f} s per iteration; calls on disjoint devices overlap")
+    lines += _memory_lines(plan, cl, hw)
     lines += memory_lifecycle(plan, w, hw).table()
     problem = None
     if not cost.fits:
@@ -318,6 +358,39 @@ def plan_report(cfg: TrainConfig, longest_prompt: int | None = None) -> PlanRepo
         f"peak {cost.peak_bytes / gib:.1f} GiB/device"
     )
     return PlanReport(plan, lines, summary, problem)
+
+
+def _memory_lines(plan: ExecutionPlan, cl: ClusterConfig, hw) -> list[str]:
+    """The dry run's device memory line (capacity, margin, what a plan may fill) and, on GPUs, the NCCL
+    communicators each device process and engine rank holds (``planning.communicators``)."""
+    from planning.communicators import communicator_bytes, device_communicators, engine_communicators
+    from planning.lifecycle import CUDA_CONTEXT_BYTES
+
+    gib = float(1 << 30)
+    lines = [
+        f"  device memory: {hw.gpu_memory_bytes / gib:.1f} GiB each ({cl.hardware} preset; a GPU run reads "
+        f"torch.cuda.mem_get_info at start), margin {hw.memory_margin_bytes / gib:.1f} GiB "
+        f"(cluster.memory_utilization={cl.memory_utilization:g}): a plan may fill {hw.usable_memory_bytes / gib:.1f} GiB"
+    ]
+    if not cl.uses_gpus:
+        return lines
+    by_count: dict[int, list[int]] = {}
+    for d in range(plan.num_devices):
+        by_count.setdefault(device_communicators(plan.calls, d), []).append(d)
+    counts = "; ".join(
+        f"{n} on devices {_span(ds)} ({communicator_bytes(n) / gib:.2f} GiB)" for n, ds in by_count.items()
+    )
+    engine = engine_communicators(plan.calls["actor_gen"])
+    lines.append(
+        f"  per process: CUDA context {CUDA_CONTEXT_BYTES / gib:.2f} GiB; NCCL communicators of the device "
+        f"processes: {counts}; of each engine rank: {engine} ({communicator_bytes(engine) / gib:.2f} GiB); "
+        "NCCL state measured on an H200, buffers estimated (planning/communicators.py)"
+    )
+    return lines
+
+
+def _span(devices: list[int]) -> str:
+    return f"{devices[0]}-{devices[-1]}" if len(devices) > 1 else str(devices[0])
 
 
 def _priced_by(cl: ClusterConfig) -> str:
@@ -334,10 +407,12 @@ def _old_logprobs_line(plan: ExecutionPlan, seconds: float | None) -> str:
     return f"  {'actor_inf':<13} {_mesh(plan, train):<26} {'(actor_train layout)':<24} {seconds:8.2f} s  old logprobs"
 
 
-def plan_lifecycle(cfg: TrainConfig, plan: ExecutionPlan, specs: dict[str, ModelSpec]) -> MemoryLifecycle:
+def plan_lifecycle(
+    cfg: TrainConfig, plan: ExecutionPlan, specs: dict[str, ModelSpec], device_memory: DeviceMemory | None = None
+) -> MemoryLifecycle:
     """The plan's device-memory lifecycle on the configured hardware (``planning.lifecycle``): what the
-    cost model priced, and the budgets and phases the runtime follows."""
+    cost model priced, and the budgets and phases the runtime follows (``device_memory``: as ``resolve_plan``'s)."""
     from planning.estimator import memory_lifecycle
 
     cl = cfg.cluster
-    return memory_lifecycle(plan, workload(cfg, specs), cluster_hardware(cl))
+    return memory_lifecycle(plan, workload(cfg, specs), cluster_hardware(cl, device_memory))

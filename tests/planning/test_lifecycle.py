@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
+from planning.communicators import COMMUNICATOR_BYTES, NCCL_STATE_BYTES, device_communicators, engine_communicators
 from planning.estimator import Workload, evaluator, hardware, memory_lifecycle
 from planning.execution_plan import CallAllocation, ExecutionPlan
 from planning.lifecycle import (
@@ -58,7 +59,10 @@ def test_a_colocated_plan_by_hand():
     state = 2 * 12 * n / 2  # actor and critic, weights + Adam, half each on this device
     kv = kv_cache_bytes(SPEC, plan.calls["actor_gen"], x)
     assert kv == 4 * 256 * 2 * SPEC.num_kv_heads * SPEC.head_dim * 2 * SPEC.num_layers
-    contexts = 2 * CUDA_CONTEXT_BYTES  # the device process and the engine
+    # The device process and the engine's CUDA contexts, and the device process's one NCCL communicator: every
+    # group of two devices here is (0, 1), the world too (the engine, tp1 pp1, has none).
+    assert device_communicators(plan.calls, 0) == 1 and engine_communicators(plan.calls["actor_gen"]) == 0
+    contexts = 2 * CUDA_CONTEXT_BYTES + NCCL_STATE_BYTES + COMMUNICATOR_BYTES
     assert life.bytes(0, Phase.generate) == pytest.approx(state + 2 * n + kv + ENGINE_WORKSPACE_BYTES + contexts)
     # The two trainings run one after the other here: each call's activations and its own model's gradients.
     train = max(activation_bytes(c, SPEC, plan.calls[c], x) + 4 * n / 2 for c in ("actor_train", "critic_train"))
@@ -170,5 +174,6 @@ def test_a_tensor_parallel_engine_reload_prices_its_largest_full_size_parameter(
     halved = SPEC.num_params() * 2 / 2  # the engine's weights: a tp=2 rank holds half
     want = engine_reload_bytes(SPEC, CallAllocation(both, tp=2), 2)
     assert want == SPEC.vocab_size * SPEC.hidden_size * 2  # the embedding (and the head) of the 1.5B
-    assert tp2.bytes(0, Phase.reallocate) - tp1.bytes(0, Phase.reallocate) == pytest.approx(want - halved)
+    engine_nccl = NCCL_STATE_BYTES + COMMUNICATOR_BYTES  # the tp=2 engine's tensor-parallel communicator
+    assert tp2.bytes(0, Phase.reallocate) - tp1.bytes(0, Phase.reallocate) == pytest.approx(want - halved + engine_nccl)
     assert tp2.bytes(0, Phase.generate) - tp1.bytes(0, Phase.generate) < 0  # not outside the reload

@@ -221,3 +221,36 @@ def test_grid_groups_of_plain_data_parallel_need_no_rows_or_columns():
     assert grid_groups(((5,),)) == []
     with pytest.raises(ValueError, match="3 devices cannot form rows of tp=2"):
         grid_of((0, 1, 2), tp=2)
+
+
+def test_the_cost_models_process_groups_are_the_runtimes():
+    """planning.communicators.process_groups (the cost model, from layouts alone) gives the groups the device
+    processes create (mesh_groups), for disjoint, colocated, tensor-parallel and pipelined plans."""
+    from planning.communicators import process_groups
+
+    eight = tuple(range(8))
+    plans = [
+        DISJOINT,
+        _plan(
+            actor_gen=CallAllocation((0, 1, 2, 3), dp=4),
+            actor_train=CallAllocation(eight, dp=8),
+            critic_train=CallAllocation(eight, dp=8),
+            critic_inf=CallAllocation(eight, dp=8),
+            ref_inf=CallAllocation(eight, dp=8),
+        ),
+        _plan(
+            actor_gen=CallAllocation(eight, pp=2, dp=2, tp=2),
+            actor_train=CallAllocation(eight, pp=2, dp=2, tp=2),
+            critic_train=CallAllocation((0, 1, 2, 3), dp=2, tp=2),
+            critic_inf=CallAllocation((4, 5, 6, 7), pp=2, tp=2),
+            ref_inf=CallAllocation(eight, dp=4, tp=2),
+            rew_inf=CallAllocation((6, 7), pp=2),
+        ),
+        _plan(
+            actor_gen=CallAllocation((4, 5, 6, 7), tp=4),
+            actor_train=CallAllocation((0, 1, 2, 3), pp=4),
+            ref_inf=CallAllocation((2, 3, 4, 5), pp=2, dp=2),
+        ),
+    ]
+    for plan in plans:
+        assert process_groups(plan.calls) == mesh_groups(plan)
