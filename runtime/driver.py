@@ -351,6 +351,10 @@ class PlanRuntime:
 
     def lost(self, error: Any, when: str = "between calls") -> WorkerLost:
         """``error`` (``runtime.placement.ActorLost``) as one line: device, what it held, call(s), cause."""
+        if error.device is None:  # Ray's memory monitor: no one device to name
+            running = [t.call for t in self.scheduler.tasks if t.started and not t.done]
+            during = f"during {', '.join(running)}" if running else when
+            return WorkerLost(f"a worker of the run died {during}: {error.detail}")
         running = [t.call for t in self.scheduler.tasks if t.started and not t.done and error.device in t.devices]
         held: list[str] = [*roles_on(self.plan, error.device)]
         if error.device in self.plan.calls[Call.actor_gen].devices:

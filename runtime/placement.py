@@ -43,11 +43,13 @@ class PlacementError(RuntimeError):
 
 
 class ActorLost(RuntimeError):
-    """A device process (or its ``companion``, the engine) died: killed, out of memory, crashed."""
+    """A device process (or its ``companion``, the engine) died: killed, out of memory, crashed. ``device`` None:
+    Ray's memory monitor killed a worker of the run and no device's actor is the one found dead."""
 
-    def __init__(self, device: int, companion: str | None, detail: str):
+    def __init__(self, device: int | None, companion: str | None, detail: str):
         self.device, self.companion, self.detail = device, companion, detail
-        super().__init__(f"the {companion or 'device process'} of device {device} died ({detail})")
+        who = "a worker of the run" if device is None else f"the {companion or 'device process'} of device {device}"
+        super().__init__(f"{who} died ({detail})")
 
 
 def exit_detail(error: Exception) -> str:
@@ -58,7 +60,10 @@ def exit_detail(error: Exception) -> str:
 
     text = str(error)
     if isinstance(error, ray.exceptions.OutOfMemoryError) or "running low on memory" in text:
-        return "killed by Ray's memory monitor: the node ran low on memory"
+        usage = re.search(r"was ([\d.]+GB) used / ([\d.]+GB) limit", text)
+        return "killed by Ray's memory monitor: the node ran low on memory" + (
+            f" ({usage.group(1)} used of {usage.group(2)})" if usage else ""
+        )
     kind = re.search(r"Worker exit type: (\w+)", text)
     detail = re.search(r"Worker exit detail: (.+?\.)(?:\s|$)", text)
     if kind is None:
@@ -594,7 +599,7 @@ class DevicePool:
         because of it), found by asking every actor where it is; ``error`` itself if none is dead."""
         probes: dict[tuple[int, str | None], Any] = {(d, None): h.where.remote() for d, h in self.hosts.items()}
         probes.update({(d, name): a.where.remote() for (name, d), a in self.companions.items()})
-        ready, _ = ray.wait(list(probes.values()), num_returns=len(probes), timeout=10)
+        ready = ray.wait(list(probes.values()), num_returns=len(probes), timeout=10)[0] if probes else []
         for (device, companion), ref in probes.items():
             if ref not in ready:
                 continue  # alive, busy with a call
@@ -602,6 +607,8 @@ class DevicePool:
                 ray.get(ref)
             except ray.exceptions.RayActorError as dead:
                 return ActorLost(device, companion, exit_detail(dead))
+        if isinstance(error, ray.exceptions.OutOfMemoryError):  # a restart may fit where this did not
+            return ActorLost(None, None, exit_detail(error))
         return error
 
     def where(self) -> dict[int, dict[str, Any]]:

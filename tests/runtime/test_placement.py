@@ -87,3 +87,27 @@ def test_a_ray_that_misses_its_start_up_wait_is_one_line_naming_the_load(monkeyp
         cfg = to_train_config(compose(config_name="train"))
     with pytest.raises(TrainingError, match=r"^Ray's local node did not start"):
         _attempt(cfg, tmp_path, prepared=None, restarts=[])  # type: ignore[arg-type]  # fails before using it
+
+
+def test_a_worker_killed_by_rays_memory_monitor_is_a_lost_worker_with_the_nodes_usage():
+    """Ray's memory monitor raises OutOfMemoryError for the call whose worker it killed; when no device's actor
+    is found dead, it is still a lost worker (train.py restarts from the last checkpoint, or stops with one
+    line and the resume command), not a traceback."""
+    import ray
+
+    from runtime.placement import ActorLost, DevicePool, exit_detail
+
+    text = (
+        "Task was killed due to the node running low on memory.\nMemory on the node (IP: 10.0.0.1, ID: ab) "
+        "was 22.52GB used / 23.54GB limit (0.956766)"
+    )
+    error = ray.exceptions.OutOfMemoryError(text)
+    detail = "killed by Ray's memory monitor: the node ran low on memory (22.52GB used of 23.54GB)"
+    assert exit_detail(error) == detail
+    pool = DevicePool.__new__(DevicePool)  # no actors: none is found dead
+    pool.hosts, pool.companions = {}, {}
+    lost = pool._lost(error)
+    assert isinstance(lost, ActorLost) and lost.device is None
+    assert str(lost) == f"a worker of the run died ({detail})"
+    other = ray.exceptions.RayError("something else")
+    assert pool._lost(other) is other
