@@ -379,16 +379,7 @@ def whole_model(spec: ModelSpec, device: str):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    fields: dict[str, Any] = dict(
-        vocab_size=spec.vocab_size,
-        hidden_size=spec.hidden_size,
-        intermediate_size=spec.intermediate_size,
-        num_hidden_layers=spec.num_layers,
-        num_attention_heads=spec.num_heads,
-        num_key_value_heads=spec.num_kv_heads,
-        tie_word_embeddings=spec.tie_word_embeddings,
-        max_position_embeddings=4096,
-    )
+    fields: dict[str, Any] = dict(_hf_shape(spec), max_position_embeddings=4096)
     if spec.qkv_bias and not spec.o_bias and spec.head_dim * spec.num_heads == spec.hidden_size:
         config = AutoConfig.for_model("qwen2", **fields)
     else:
@@ -551,20 +542,24 @@ CHECK_RANKS = (1, 2, 4)
 CHECK_CALLS = ("actor_train", "ref_inf")
 
 
-def _hf_model(spec: ModelSpec):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
+def _hf_shape(spec: ModelSpec) -> dict[str, Any]:
+    """The HF config fields every architecture takes from ``spec``'s shape."""
+    return dict(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         intermediate_size=spec.intermediate_size,
         num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads,
         num_key_value_heads=spec.num_kv_heads,
-        head_dim=spec.head_dim,
         tie_word_embeddings=spec.tie_word_embeddings,
     )
+
+
+def _hf_model(spec: ModelSpec):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(head_dim=spec.head_dim, **_hf_shape(spec))
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
 
