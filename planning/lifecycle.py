@@ -29,8 +29,14 @@ What the runtime holds (``runtime.device``), per device of the call that holds i
   uses, or any engine on CPU (vLLM-CPU has no sleep mode), stays awake.
 - each process's CUDA context on GPUs (the device process and, on generation devices, the engine), and
   the NCCL communicators of the process groups it joins (``planning.communicators``).
-- while reallocation runs, a bucket of weights in flight on every device it spans, and on each rank of a
-  tensor-parallel engine the full-size tensor it loads one parameter at a time (``engine_reload_bytes``).
+- while reallocation runs, a bucket of weights in flight on every device it spans (owner "transfer"); on
+  each generation device the engine's shards the device process received and handed to the engine beside
+  it (owner "handoff": the engine's weights once more, held until the engine has loaded them, when the
+  driver calls ``DeviceProcess.handoff_done``); and on each rank of a tensor-parallel engine the full-size
+  tensor it loads one parameter at a time (``engine_reload_bytes``).
+
+The transient buffers of a call (kind "buffers") are in ``MemoryLifecycle.transient``; the device processes
+report theirs at the fullest point of each reallocation, beside what they hold at each phase's start.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ from reallocation.layout import ModelSpec
 FP32 = 4
 ADAM_BYTES = 8  # m and v in float32 per trainable parameter
 TRANSFER_BUFFER_BYTES = 64 << 20  # reallocation.reshard.DEFAULT_BUCKET_BYTES: one bucket in flight
+TRANSFER = "transfer"  # owner of a reallocation's bucket in flight
+HANDOFF = "handoff"  # owner of the shards a device process hands the engine beside it, until loaded
 CUDA_CONTEXT_BYTES = 512 << 20  # per process on a GPU: CUDA context and cuBLAS (NCCL: planning.communicators)
 ENGINE_WORKSPACE_BYTES = 1 << 30  # vLLM's own activations and sampler while it generates (on a GPU)
 
@@ -223,8 +231,10 @@ def _owner(call: str, calls: Mapping[str, CallAllocation]) -> str:
     return "actor" if call == Call.actor_inf else CALL_MODEL[call]
 
 
-def _transfers(calls: Mapping[str, CallAllocation]) -> list[Holding]:
-    """A bucket of weights in flight on every device a reallocation runs over."""
+def _transfers(calls: Mapping[str, CallAllocation], x: Inputs) -> list[Holding]:
+    """A bucket of weights in flight on every device a reallocation runs over, and on each generation
+    device the engine's weights handed over until the engine has loaded them (all of them: the device
+    process returns every received shard, and the engine loads them after the transfer ends)."""
     moves = [("realloc_actor", Call.actor_train, Call.actor_gen)]
     if not _shares_critic_layout(calls):
         moves.append(("realloc_critic", Call.critic_train, Call.critic_inf))
@@ -232,8 +242,13 @@ def _transfers(calls: Mapping[str, CallAllocation]) -> list[Holding]:
     for name, src, dst in moves:
         union = tuple(sorted(set(calls[src].devices) | set(calls[dst].devices)))
         out.append(
-            Holding("transfer", Kind.buffers, TRANSFER_BUFFER_BYTES, union, frozenset({Phase.reallocate}), during=name)
+            Holding(TRANSFER, Kind.buffers, TRANSFER_BUFFER_BYTES, union, frozenset({Phase.reallocate}), during=name)
         )
+    gen = calls[Call.actor_gen]
+    handoff = _weights(x.specs["actor"], gen, x.value_bytes)
+    out.append(
+        Holding(HANDOFF, Kind.buffers, handoff, gen.devices, frozenset({Phase.reallocate}), during="realloc_actor")
+    )
     return out
 
 
@@ -269,7 +284,7 @@ def holdings(calls: Mapping[str, CallAllocation], x: Inputs) -> list[Holding]:
         inf = calls[Call.critic_inf]
         weights = _weights(x.specs["critic"], inf, x.value_bytes)
         out.append(Holding("critic_inf", Kind.weights, weights, inf.devices, frozenset(PHASES)))
-    out += _engine(calls, x) + _engine_reload(calls, x) + _activations(calls, x) + _transfers(calls)
+    out += _engine(calls, x) + _engine_reload(calls, x) + _activations(calls, x) + _transfers(calls, x)
     if x.gpu:
         out += _contexts(calls)
     return out
@@ -361,22 +376,35 @@ class MemoryLifecycle:
                 out[h.owner, h.kind] = "host"
         return out
 
+    def transient(self, device: int, call: str) -> dict[tuple[str, str], str]:
+        """(owner, kind) -> "device" for the buffers of the device process on ``device`` that live only
+        while ``call`` runs (a reallocation's bucket, the engine's handoff). The engine's own reload
+        buffer (``engine_reload_bytes``) lives inside vLLM's load, which reports nothing: left out."""
+        return {
+            (h.owner, h.kind): "device"
+            for h in self.items
+            if h.kind == Kind.buffers and h.during == call and h.owner != "engine" and device in h.devices
+        }
+
     def to_json(self) -> dict[str, Any]:
-        """Per device and phase: GiB and what must be where (``residency``), for the run directory."""
+        """Per device and phase: GiB and what must be where (``residency``), and per call of the phase
+        with transient buffers on the device, those buffers (``transient``), for the run directory."""
+
+        def phase(d: int, p: Phase) -> dict[str, Any]:
+            out: dict[str, Any] = {
+                "gib": round(self.bytes(d, p) / (1 << 30), 3),
+                "held": {f"{o}/{k}": w for (o, k), w in sorted(self.residency(d, p).items())},
+            }
+            during = {c: self.transient(d, c) for c in CALLS_OF_PHASE[p]}
+            if any(during.values()):
+                out["during"] = {c: {f"{o}/{k}": w for (o, k), w in sorted(t.items())} for c, t in during.items() if t}
+            return out
+
         return {
             "capacity_gib": self.capacity_bytes / (1 << 30),
             "margin_gib": self.margin_bytes / (1 << 30),
             "engines_sleep": self.engines_sleep,
-            "devices": {
-                str(d): {
-                    str(p): {
-                        "gib": round(self.bytes(d, p) / (1 << 30), 3),
-                        "held": {f"{o}/{k}": w for (o, k), w in sorted(self.residency(d, p).items())},
-                    }
-                    for p in PHASES
-                }
-                for d in self.devices
-            },
+            "devices": {str(d): {str(p): phase(d, p) for p in PHASES} for d in self.devices},
         }
 
     def table(self) -> list[str]:

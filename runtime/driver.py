@@ -592,7 +592,8 @@ class WeightSync:
         metrics = weight_sync.finish(sync)         # bytes moved and the lower bound, per model
 
     The actor's training shards go to the vLLM engine ranks (each destination device hands its boxes to
-    the engine beside it, ``VLLMEngine.load_shards``); the critic's go to its inference replicas when the
+    the engine beside it, ``VLLMEngine.load_shards``, and frees them once it has loaded them,
+    ``DeviceProcess.handoff_done``); the critic's go to its inference replicas when the
     plan gives critic inference a layout of its own. ``run`` does both steps at once (on resume).
     """
 
@@ -645,11 +646,23 @@ class WeightSync:
                 )
                 parts.append((call, d, info))
                 if to_engine and d in dst.devices:
-                    parts.append((f"{call}_load", d, pool.submit(d, "load_shards", weights, companion=ENGINE)))
+                    loaded = pool.submit(d, "load_shards", weights, companion=ENGINE)
+                    # The handed-over shards are freed once loaded (the load's result, as an argument, orders
+                    # this after it without a round trip through the driver).
+                    parts += [
+                        (f"{call}_load", d, loaded),
+                        (f"{call}_handoff", d, pool.submit(d, "handoff_done", loaded)),
+                    ]
             return parts
 
         def finish(parts: list[Part]) -> dict[str, float]:
-            counts = [v for (c, _), v in self.runtime._collect(parts).items() if c == call]
+            results = self.runtime._collect(parts)
+            counts = [v for (c, _), v in results.items() if c == call]
+            for (c, d), v in results.items():  # the transient buffers each device held at the move's fullest
+                if c == call:
+                    self.runtime.residency_log.append(
+                        {"phase": "reallocate", "call": call, "device": d, "held": v["held"]}
+                    )
             return {
                 f"realloc/{role}/bytes_moved": float(sum(c["bytes_received"] for c in counts)),
                 f"realloc/{role}/lower_bound_bytes": float(counts[0]["lower_bound"]),

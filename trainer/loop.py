@@ -712,7 +712,7 @@ def call_metrics(run: Run, events: list[Event], t_iter: float, it: int) -> dict[
         "generate": ("actor_gen",),
         "inference": ("actor_inf", "ref_inf", "critic_inf", "rew_inf", "reward"),
         "train": ("actor_train", "critic_train"),
-        "sync": ("realloc_actor", "realloc_actor_load", "realloc_critic"),
+        "sync": ("realloc_actor", "realloc_actor_load", "realloc_actor_handoff", "realloc_critic"),
     }
     for phase, calls in phases.items():
         ends = [spans[f"call/{c}/end_s"] for c in calls if f"call/{c}/end_s" in spans]

@@ -20,6 +20,7 @@ _COLOURS = {
     "critic_train": "tab:red",
     "realloc_actor": "black",
     "realloc_actor_load": "dimgray",
+    "realloc_actor_handoff": "silver",
     "realloc_critic": "tab:brown",
 }
 

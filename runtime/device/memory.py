@@ -33,6 +33,17 @@ class DeviceMemory:
         if self.cuda is not None:
             self.cuda.empty_cache()
 
+    def release_ipc(self, why: str) -> None:
+        """Free what this process shared over CUDA IPC once its receivers are done with it, then release
+        (a no-op on CPU). The sender's dropped references free nothing while a receiver may still map the
+        memory: ``ipc_collect`` frees the blocks no receiver holds any more (verl's bucketed weight sender
+        ends the same way, with ``ipc_collect`` and ``empty_cache`` after the receiver's last
+        acknowledgement)."""
+        self.log.append(("ipc_collect", why))
+        if self.cuda is not None:
+            self.cuda.ipc_collect()
+        self.release(why)
+
     def to_host(self, owner: str, model: nn.Module) -> None:
         """Move ``model``'s parameters and buffers to host memory, pinned on a GPU (so the way back is a
         fast DMA copy that can overlap compute), then release what they held on the device."""

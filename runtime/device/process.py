@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from planning.lifecycle import HANDOFF, TRANSFER
 from reallocation.layout import Holdings
 from runtime.device.memory import DeviceMemory
 from runtime.meshes import Grid, Pipeline
@@ -63,6 +64,8 @@ class DeviceProcess:
         on_gpu = backend == "nccl"
         self.memory = DeviceMemory(torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu"))
         self._ipc_keepalive: list[torch.Tensor] = []
+        """Shards handed to the engine beside this process, held until it has loaded them (``handoff_done``)."""
+        self._in_transfer = False  # a reallocation's bucket is in flight
         self.shards: dict[str, Any] = {}
         for role, (cls, kwargs, mesh) in builders.items():
             self.shards[role] = cls(self._ranks(mesh), **kwargs)
@@ -117,11 +120,18 @@ class DeviceProcess:
             self.memory.release(f"after {role}.{method}")
 
     def residency(self) -> dict[str, str]:
-        """What this device holds now, "owner/kind" -> "device" | "host" (``planning.lifecycle``'s keys)."""
+        """What this device holds now, "owner/kind" -> "device" | "host" (``planning.lifecycle``'s keys):
+        its shards' state, and the transient buffers of a reallocation while they live (a bucket in
+        flight, "transfer/buffers"; shards handed to the engine and not yet loaded, "handoff/buffers")."""
         out: dict[str, str] = {}
         for shard in self.shards.values():
             out.update({f"{owner}/{kind}": where for (owner, kind), where in shard.residency().items()})
-        return out
+        return {**out, **self.transient()}
+
+    def transient(self) -> dict[str, str]:
+        """The reallocation buffers this device holds now (``planning.lifecycle.MemoryLifecycle.transient``)."""
+        out = {f"{TRANSFER}/buffers": "device"} if self._in_transfer else {}
+        return {**out, **({f"{HANDOFF}/buffers": "device"} if self._ipc_keepalive else {})}
 
     def reallocate(
         self,
@@ -130,36 +140,31 @@ class DeviceProcess:
         src_devices: Sequence[int],
         dst_devices: Sequence[int],
         engine: Holdings | None = None,
-    ) -> tuple[Any, tuple[dict[str, int], float, float]]:
+    ) -> tuple[Any, tuple[dict[str, Any], float, float]]:
         """Move ``src_role``'s training shards to the replicas on ``dst_devices`` (collective over the
         union of both meshes): the engine ranks' boxes ``engine`` (``engine_holdings``), or the
         ``dst_role`` shards' own (FSDP/TP) shards. A destination keeps what it already holds and
         receives the rest.
 
-        Returns (engine shards or None, ({bytes_received, bytes_sent, lower_bound}, start, end)). For
-        an engine a destination returns its ``(HF name, full shape, box, shard)`` for the vLLM engine
-        rank beside it (``VLLMEngine.load_shards``); otherwise it copies the shards into its
-        ``dst_role`` worker's parameters.
+        Returns (engine shards or None, ({bytes_received, bytes_sent, lower_bound, held}, start, end)),
+        ``held`` being the transient buffers this device held at the reallocation's fullest point
+        (``transient``: the bucket in flight and, on an engine's device, every shard handed over). For an engine a destination
+        returns its ``(HF name, full shape, box, shard)`` for the vLLM engine rank beside it
+        (``VLLMEngine.load_shards``), held here until the driver says it was loaded (``handoff_done``);
+        otherwise it copies the shards into its ``dst_role`` worker's parameters.
         """
         from reallocation.plan import lower_bound_bytes
         from reallocation.reshard import ReshardStats
         from reallocation.sync import drain, iter_plan_weights, plan_sync, source_shards
 
         start = time.time()
-        self._ipc_keepalive.clear()  # the engine loaded the last reallocation's shards before this one began
+        self.handoff_done()  # a no-op after the driver's own call (a reallocation that failed mid-way left some)
+        self._in_transfer = True
         group = self.groups[tuple(sorted(set(src_devices) | set(dst_devices)))]
         src_shard = self.shards.get(src_role) if self.device in src_devices else None
         src = source_shards(src_shard.model if src_shard is not None else {}, group)
-        to_engine = engine is not None
-        dst_model = self.shards[dst_role].model if not to_engine and self.device in dst_devices else None
-        if engine is not None:
-            if engine.keys() != src.shapes.keys():
-                raise ValueError(
-                    f"engine layout names {sorted(engine.keys() ^ src.shapes.keys())[:5]} differ from the model's"
-                )
-            dst = engine
-        else:  # whatever the destination replicas' own (FSDP/TP) shards are
-            dst = source_shards(dst_model if dst_model is not None else {}, group).holdings
+        dst_model = self.shards[dst_role].model if engine is None and self.device in dst_devices else None
+        dst = self._destination(engine, src, dst_model, group)
         plan = plan_sync(src, dst)
         # The engine and the critic-inference replicas hold their weights in the run's compute dtype.
         wire = {n: self.compute_dtype() for n in src.shapes}
@@ -178,11 +183,41 @@ class DeviceProcess:
             "bytes_received": stats.bytes_received,
             "bytes_sent": stats.bytes_sent,
             "lower_bound": lower_bound_bytes(src.holdings, dst, src.shapes, itemsizes),
+            "held": self.transient(),
         }
+        self._in_transfer = False
         # The transfer buckets are free now, but cached by this process's allocator: back to the device for
-        # the engine beside it, which wakes next (reallocate is not a ``call``; the IPC handoff stays held).
+        # the engine beside it, which wakes next (reallocate is not a ``call``; the handoff waits for
+        # ``handoff_done``).
         self.memory.release(f"after reallocate {src_role} -> {dst_role}")
         return weights, (counts, start, time.time())
+
+    @staticmethod
+    def _destination(engine: Holdings | None, src: Any, dst_model: Any, group: Any) -> Holdings:
+        """What each destination rank must hold: the engine ranks' boxes, or whatever the destination
+        replicas' own (FSDP/TP) shards are (collective over ``group``)."""
+        from reallocation.sync import source_shards
+
+        if engine is None:
+            return source_shards(dst_model if dst_model is not None else {}, group).holdings
+        if engine.keys() != src.shapes.keys():
+            raise ValueError(
+                f"engine layout names {sorted(engine.keys() ^ src.shapes.keys())[:5]} differ from the model's"
+            )
+        return engine
+
+    def handoff_done(self, loaded: Any = None) -> None:
+        """The engine beside this device has loaded the shards handed to it (the driver calls this once
+        its ``load_shards`` returned; ``loaded``, that call's result, only orders this after it): drop
+        them, and on a GPU free the memory the engine no longer maps (``DeviceMemory.release_ipc``). On
+        CPU the same bookkeeping runs and nothing is freed by CUDA."""
+        if not self._ipc_keepalive:
+            return
+        self._ipc_keepalive.clear()
+        import gc
+
+        gc.collect()  # views of the handed-over tensors that a reference cycle still holds
+        self.memory.release_ipc("after the engine loaded the handoff")
 
     def compute_dtype(self) -> torch.dtype:
         from common.dtypes import torch_dtype
@@ -192,13 +227,14 @@ class DeviceProcess:
     def _handoff(self, tensor: torch.Tensor) -> Any:
         """How a received shard reaches the engine process on the same device: on a GPU a CUDA IPC
         handle (the engine maps this process's memory; no copy through the host and the object store,
-        as verl's and OpenRLHF's colocated modes do), kept alive here until the next reallocation; on
-        CPU the tensor itself (Ray's shared-memory object store)."""
+        as verl's and OpenRLHF's colocated modes do); on CPU the tensor itself (Ray's shared-memory
+        object store). Either way it is held here until ``handoff_done``: a handle's memory must outlive
+        the engine's load."""
+        self._ipc_keepalive.append(tensor)
         if tensor.device.type != "cuda":
             return tensor.cpu()
         from torch.multiprocessing.reductions import reduce_tensor
 
-        self._ipc_keepalive.append(tensor)
         return reduce_tensor(tensor)
 
 

@@ -72,7 +72,19 @@ def test_a_colocated_plan_by_hand():
         activation_bytes("critic_inf", SPEC, plan.calls["critic_inf"], x),
     )
     assert life.bytes(0, Phase.infer) == pytest.approx(state + infer + contexts)
-    assert life.bytes(0, Phase.reallocate) == pytest.approx(state + 2 * n + (64 << 20) + contexts)
+    # Reallocating: the engine's weights, one 64 MiB bucket in flight, and the shards handed to the engine
+    # (its weights once more) until it has loaded them; these two live only while realloc_actor runs.
+    assert life.bytes(0, Phase.reallocate) == pytest.approx(state + 2 * n + (64 << 20) + 2 * n + contexts)
+    assert life.transient(0, "realloc_actor") == {
+        ("transfer", Kind.buffers): "device",
+        ("handoff", Kind.buffers): "device",
+    }
+    assert life.transient(0, "actor_train") == {} and life.transient(0, "realloc_critic") == {}
+    phases = life.to_json()["devices"]["0"]
+    assert phases["reallocate"]["during"] == {
+        "realloc_actor": {"handoff/buffers": "device", "transfer/buffers": "device"}
+    }
+    assert all("during" not in phases[p] for p in ("generate", "infer", "train"))
     assert engines_sleep(plan.calls, gpu=True) and not engines_sleep(plan.calls, gpu=False)
     assert life.residency(0, Phase.generate) == {
         ("actor", Kind.weights): "device",
@@ -175,5 +187,8 @@ def test_a_tensor_parallel_engine_reload_prices_its_largest_full_size_parameter(
     want = engine_reload_bytes(SPEC, CallAllocation(both, tp=2), 2)
     assert want == SPEC.vocab_size * SPEC.hidden_size * 2  # the embedding (and the head) of the 1.5B
     engine_nccl = NCCL_STATE_BYTES + COMMUNICATOR_BYTES  # the tp=2 engine's tensor-parallel communicator
-    assert tp2.bytes(0, Phase.reallocate) - tp1.bytes(0, Phase.reallocate) == pytest.approx(want - halved + engine_nccl)
+    # The engine's weights and the shards handed to it (the same bytes) both halve.
+    assert tp2.bytes(0, Phase.reallocate) - tp1.bytes(0, Phase.reallocate) == pytest.approx(
+        want - 2 * halved + engine_nccl
+    )
     assert tp2.bytes(0, Phase.generate) - tp1.bytes(0, Phase.generate) < 0  # not outside the reload

@@ -34,7 +34,11 @@ def _reallocate(device: int, port: int, model_dir: str, out_dir: str) -> None:
     worker = DeviceProcess(device, (0, 1, 2), "127.0.0.1", port, "gloo", [(0, 1), (0, 1, 2)], "float32", builders)
     engine = {name: {1: full_box(shape), 2: full_box(shape)} for name, shape in _actor_shapes(model_dir).items()}
     weights, (counts, start, end) = worker.reallocate("actor", "engine", (0, 1), (1, 2), engine)
-    torch.save({"weights": weights, "counts": counts, "memory": worker.memory.log}, f"{out_dir}/device{device}.pt")
+    held = {"kept": len(worker._ipc_keepalive), "residency": worker.residency()}
+    worker.handoff_done(None)  # what the driver calls once the engine has loaded ``weights``
+    held.update(kept_after=len(worker._ipc_keepalive), residency_after=worker.residency(), memory=worker.memory.log)
+    out = {"weights": weights, "counts": counts, "held": held}
+    torch.save(out, f"{out_dir}/device{device}.pt")
     torch.distributed.destroy_process_group()
 
 
@@ -49,8 +53,23 @@ def test_reallocation_sends_each_replica_only_what_it_lacks(tiny_model_dir, tmp_
     reference = dict(AutoModelForCausalLM.from_pretrained(tiny_model_dir).named_parameters())
     total = sum(p.numel() * 4 for p in reference.values())
     assert out[0]["weights"] is None  # a source only
-    # Its buckets' cached blocks go back to the device as it ends, on every device (empty_cache on a GPU).
-    assert all(o["memory"][-1] == ("release", "after reallocate actor -> engine") for o in out)
+    # At its fullest every device held a bucket in flight; the engines' devices, every shard handed over.
+    bucket, handoff = {"transfer/buffers": "device"}, {"handoff/buffers": "device"}
+    assert [o["counts"]["held"] for o in out] == [bucket, {**bucket, **handoff}, {**bucket, **handoff}]
+    # The handoff stays held until the engine has loaded it (handoff_done), then goes: ipc_collect and
+    # empty_cache on a GPU; the buckets' cached blocks went back as the move ended (empty_cache on a GPU).
+    for d, o in enumerate(out):
+        kept = len(o["weights"]) if d else 0
+        assert o["held"]["kept"] == kept and o["held"]["kept_after"] == 0
+        assert o["held"]["residency"].get("handoff/buffers") == ("device" if d else None)
+        assert "handoff/buffers" not in o["held"]["residency_after"]
+        assert "transfer/buffers" not in o["held"]["residency"]
+        after_move = [("release", "after reallocate actor -> engine")]
+        freed = [
+            ("ipc_collect", "after the engine loaded the handoff"),
+            ("release", "after the engine loaded the handoff"),
+        ]
+        assert o["held"]["memory"][-3 if d else -1 :] == after_move + (freed if d else [])
     for device in (1, 2):
         got = {name: shard for name, _, _, shard in out[device]["weights"]}
         assert got.keys() == reference.keys()

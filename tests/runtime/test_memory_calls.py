@@ -98,6 +98,9 @@ class FakeCuda:
     def synchronize(self) -> None:
         self.calls.append("cuda.synchronize")
 
+    def ipc_collect(self) -> None:
+        self.calls.append("cuda.ipc_collect")
+
 
 def test_offloaded_weights_go_to_pinned_host_memory_and_the_cache_is_released():
     calls: list[str] = []
@@ -115,6 +118,16 @@ def test_offloaded_weights_go_to_pinned_host_memory_and_the_cache_is_released():
     ]
     assert calls == ["cuda.synchronize", "cuda.empty_cache", "cuda.empty_cache"]
     assert memory.on_host == set()
+
+
+def test_memory_shared_over_cuda_ipc_is_collected_before_the_cache_is_released():
+    """After the engine has loaded the handoff: ipc_collect frees the blocks it no longer maps, then
+    empty_cache hands them back (verl's bucketed sender ends the same way)."""
+    calls: list[str] = []
+    memory = DeviceMemory(torch.device("cpu"), cuda=FakeCuda(calls))
+    memory.release_ipc("after the engine loaded the handoff")
+    assert calls == ["cuda.ipc_collect", "cuda.empty_cache"]
+    assert [what for what, _ in memory.log] == ["ipc_collect", "release"]
 
 
 def test_a_reference_replica_visits_the_device_for_its_call_only(tiny_model_dir):
@@ -159,8 +172,9 @@ class RecordingPool:
             return {}
         if method == "generate":
             return [[SimpleNamespace(text="", token_ids=())] for _ in args[0]]
-        if method == "reallocate":
-            return None, ({"bytes_received": 0, "bytes_sent": 0, "lower_bound": 0}, 0.0, 0.0)
+        if method == "reallocate":  # every device of the move held a bucket; generation devices the handoff
+            held = {"transfer/buffers": "device", "handoff/buffers": "device"}
+            return None, ({"bytes_received": 0, "bytes_sent": 0, "lower_bound": 0, "held": held}, 0.0, 0.0)
         if method == "call" and args[1] == "update":
             return {"loss": 0.0}
         if method == "call" and args[1] in ("compute_logprobs", "compute_values"):
@@ -223,8 +237,20 @@ def test_the_driver_wakes_and_sleeps_the_engines_at_the_lifecycles_phase_boundar
     ]
     device0 = [c for c in calls if c.startswith("device0.") and not c.endswith("residency")]
     assert device0.index("device0.call.update") < device0.index("device0.reallocate")
-    phases = [row["phase"] for row in runtime.residency_log if row["device"] == 0]
-    assert phases == [Phase.generate, Phase.infer, Phase.train, Phase.reallocate, Phase.generate]
+    # The handed-over shards are freed once the engine has loaded them, before anything else runs there.
+    assert calls.index("engine0.load_shards") < calls.index("device0.handoff_done")
+    assert device0[device0.index("device0.reallocate") + 1] == "device0.handoff_done"
+    rows = [row for row in runtime.residency_log if row["device"] == 0]
+    assert [(row["phase"], row.get("call")) for row in rows] == [
+        (Phase.generate, None),
+        (Phase.infer, None),
+        (Phase.train, None),
+        (Phase.reallocate, "realloc_actor"),  # recorded by the move itself, at its fullest
+        (Phase.reallocate, None),
+        (Phase.generate, None),
+    ]
+    during = life.to_json()["devices"]["0"]["reallocate"]["during"]
+    assert rows[3]["held"] == during["realloc_actor"] == {"transfer/buffers": "device", "handoff/buffers": "device"}
 
 
 def test_a_shard_handed_over_as_an_ipc_handle_arrives_as_the_same_tensor():
