@@ -74,3 +74,13 @@ def test_options_pair_with_ppo_by_seed_and_regenerate_from_the_export(tmp_path):
     main([str(tmp_path / "out" / "runs"), "--out", str(tmp_path / "out")])
     assert ((tmp_path / "out" / "summary.md").read_text(), (tmp_path / "out" / "summary.json").read_text()) == first
     assert option_of({"algorithm": "rloo", "reward": "prm_clip_delta"}) == "rloo+prm_clip_delta"
+
+
+def test_committed_comparison_regenerates_byte_for_byte(tmp_path):
+    """docs/algorithms/runs holds the runs behind docs/algorithms/summary.*: summarizing them again gives the same bytes."""
+    docs = Path(__file__).resolve().parents[2] / "docs" / "algorithms"
+    if not (docs / "runs").is_dir():
+        pytest.skip("no docs/algorithms/runs committed")
+    main([str(docs / "runs"), "--out", str(tmp_path)])
+    for name in ("summary.md", "summary.json"):
+        assert (tmp_path / name).read_bytes() == (docs / name).read_bytes(), f"{docs / name} is stale"
