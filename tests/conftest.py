@@ -52,6 +52,17 @@ def _equivalence_marker(request):
         pytest.fail(f"{request.node.nodeid} compares with tests/tolerance.py: mark it @pytest.mark.equivalence")
 
 
+def leave_process_group() -> None:
+    """End a spawned rank: a barrier, then destroy the group. A rank that tears down gloo while a peer is
+    still finishing its last collective can abort that peer ('terminate called without an active
+    exception', seen once under load in tests/runtime/test_shards.py); after the barrier no rank is
+    still talking."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

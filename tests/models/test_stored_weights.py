@@ -10,7 +10,7 @@ import torch
 import torch.multiprocessing as mp
 
 from models.stored_weights import _mapped_files, _read, fsdp_rows, stored_dtype
-from tests.conftest import free_port
+from tests.conftest import free_port, leave_process_group
 
 
 def _bf16_copy(model_dir: Path, out: Path) -> Path:
@@ -83,7 +83,7 @@ def _two_ranks(rank: int, port: int, fsdp_dir: str, tp_dir: str, work: str) -> N
     }
     if rank == 0:
         torch.save(out, Path(work) / "full.pt")
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 def test_fsdp_and_tp_ranks_convert_only_their_shards_to_the_same_weights(tiny_model_dir, tiny_kv2_model_dir, tmp_path):

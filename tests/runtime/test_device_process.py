@@ -13,6 +13,7 @@ from reallocation.layout import ModelSpec, full_box
 from runtime.meshes import Pipeline
 from tests import strict_p2p
 from tests import tolerance as tol
+from tests.conftest import leave_process_group
 from tests.runtime.test_topology import DISJOINT, _plan
 
 
@@ -39,7 +40,7 @@ def _reallocate(device: int, port: int, model_dir: str, out_dir: str) -> None:
     held.update(kept_after=len(worker._ipc_keepalive), residency_after=worker.residency(), memory=worker.memory.log)
     out = {"weights": weights, "counts": counts, "held": held}
     torch.save(out, f"{out_dir}/device{device}.pt")
-    torch.distributed.destroy_process_group()
+    leave_process_group()
 
 
 def test_reallocation_sends_each_replica_only_what_it_lacks(tiny_model_dir, tmp_path):
@@ -115,7 +116,7 @@ def _reallocate_tp(device: int, port: int, model_dir: str, out_dir: str) -> None
     if device >= 2:
         out["critic_inf"] = _full_state_dict(worker.shards["critic_inf"].model, worker.shards["critic_inf"].ranks)
     torch.save(out, f"{out_dir}/device{device}.pt")
-    torch.distributed.destroy_process_group()
+    leave_process_group()
 
 
 def test_reallocation_from_tensor_parallel_training_moves_the_lower_bound(tiny_kv2_model_dir, tmp_path):
@@ -189,7 +190,7 @@ def _pipelines(device: int, port: int, model_dir: str, out_dir: str) -> None:
     if device >= 2:
         out["values"] = worker.call("critic_inf", "compute_values", batch, 2)
     torch.save(out, f"{out_dir}/device{device}.pt")
-    torch.distributed.destroy_process_group()
+    leave_process_group()
 
 
 @pytest.mark.equivalence
@@ -261,7 +262,7 @@ def _reward_replica(device: int, port: int, rm_dirs: dict[str, str], out_dir: st
     out = {name: worker.call(name, "score", samples) for name in builders}
     out["params"] = sorted(n for n, _ in worker.shards["prm"].fn.reward_model.model.named_parameters())
     torch.save(out, f"{out_dir}/device{device}.pt")
-    torch.distributed.destroy_process_group()
+    leave_process_group()
 
 
 def _reward_configs(rm_dirs: dict[str, str]) -> dict[str, object]:

@@ -19,7 +19,7 @@ from runtime.device.ranks import Ranks
 from runtime.device.shards import CriticShard, PolicyShard, ReferenceShard, _full_state_dict
 from tests import strict_p2p
 from tests import tolerance as tol
-from tests.conftest import free_port
+from tests.conftest import free_port, leave_process_group
 from trainer.rollout import pad_batch
 
 PAD_ID = 3
@@ -253,7 +253,7 @@ def _two_ranks(rank: int, port: int, model_dir: str, work: str) -> None:
     if rank == 0:
         out.update(policy_state=policy_state, critic_state=critic_state)
     torch.save(out, Path(work) / f"rank{rank}.pt")
-    torch.distributed.destroy_process_group()
+    leave_process_group()
 
 
 @pytest.mark.equivalence
@@ -382,7 +382,7 @@ def _dp2_tp2(rank: int, port: int, model_dir: str, work: str) -> None:
     if rank == 0:
         out.update(policy_state=policy_state, critic_state=critic_state)
     torch.save(out, Path(work) / f"rank{rank}.pt")
-    dist.destroy_process_group()
+    leave_process_group()
 
 
 @pytest.mark.equivalence
@@ -476,7 +476,7 @@ def _pp2_dp2(rank: int, port: int, model_dir: str, work: str) -> None:
     if rank == 0:
         out.update(policy_state=policy_state, critic_state=critic_state, loaded_state=loaded_state)
     torch.save(out, Path(work) / f"rank{rank}.pt")
-    torch.distributed.destroy_process_group()
+    leave_process_group()
 
 
 @pytest.mark.equivalence
@@ -539,7 +539,7 @@ def _three_stages(rank: int, port: int, model_dir: str, work: str) -> None:
     state = policy.state_dict_for_sync()
     if rank == 0:
         torch.save((stats, state), Path(work) / "three_stages.pt")
-    torch.distributed.destroy_process_group()
+    leave_process_group()
 
 
 @pytest.mark.equivalence
@@ -586,7 +586,7 @@ def _two_stages_strict(rank: int, port: int, model_dir: str, work: str, num_micr
         torch.save({"stats": stats, "state": state}, Path(work) / "stage0.pt")
     else:
         torch.save({"logprobs": logprobs, "hidden": hidden}, Path(work) / "stage1.pt")
-    torch.distributed.destroy_process_group()
+    leave_process_group()
 
 
 @pytest.mark.equivalence
@@ -646,7 +646,7 @@ def _bf16_ranks(rank: int, port: int, model_dir: str, work: str) -> None:
     out["adam_bytes"] = sum(t.numel() * t.element_size() for t in local if t.dim())
     out["local_params"] = sum(p.to_local().numel() for p in policy.model.parameters())
     torch.save(out, Path(work) / f"bf16_rank{rank}.pt")
-    torch.distributed.destroy_process_group()
+    leave_process_group()
 
 
 def _one_share(data, rank: int):
