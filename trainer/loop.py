@@ -369,6 +369,7 @@ def deploy(
         dtype=cfg.model.dtype,
         seed=cfg.run.seed,
         max_model_len=r.max_prompt_tokens + r.max_new_tokens,
+        enforce_eager=r.enforce_eager,
     )
     _log(f"[plan] {plan.source or 'plan'}: " + "; ".join(f"{c} {a.describe()}" for c, a in plan.calls.items()))
     try:

@@ -160,6 +160,7 @@ def workload(cfg: TrainConfig, specs: dict[str, ModelSpec], longest_prompt: int 
         num_minibatches=cfg.ppo.num_minibatches,
         old_logprobs_pass=not reuses_update_logprobs(cfg.algorithm, cfg.ppo),  # the runtime's Call.actor_inf
         longest_prompt=longest_prompt,
+        engine_eager=r.enforce_eager,
     )
 
 
@@ -345,7 +346,10 @@ def plan_report(cfg: TrainConfig, longest_prompt: int | None = None) -> PlanRepo
     lines.append(_old_logprobs_line(plan, cost.call_seconds.get("actor_inf")))
     lines.append(f"  reallocation {cost.realloc_seconds:.2f} s per iteration; calls on disjoint devices overlap")
     lines += _memory_lines(plan, cl, hw)
-    lines += memory_lifecycle(plan, w, hw).table()
+    life = memory_lifecycle(plan, w, hw)
+    if cl.uses_gpus:
+        lines.append(_engine_line(life, plan, w.engine_eager))
+    lines += life.table()
     problem = None
     if not cost.fits:
         problem = (
@@ -387,6 +391,21 @@ def _memory_lines(plan: ExecutionPlan, cl: ClusterConfig, hw) -> list[str]:
         "NCCL state measured on an H200, buffers estimated (planning/communicators.py)"
     )
     return lines
+
+
+def _engine_line(life, plan: ExecutionPlan, eager: bool) -> str:
+    """The engines' batch limits and the working memory the lifecycle gives them at those limits
+    (``planning.lifecycle.engine_batch_limits``, ``engine_workspace_bytes``)."""
+    from planning.lifecycle import Kind
+
+    max_num_seqs, max_num_batched_tokens = life.engine_batch
+    workspace = life.engine_budget(plan.calls["actor_gen"].devices[0]).get(Kind.activations, 0.0)
+    return (
+        f"  each engine rank: max_num_seqs {max_num_seqs}, max_num_batched_tokens {max_num_batched_tokens}, "
+        f"{'eager' if eager else 'CUDA graphs'} (rollout.enforce_eager={str(eager).lower()}); working memory while "
+        f"generating {workspace / (1 << 30):.2f} GiB (one forward's activations, the sampler's float32 logits"
+        f"{', graph pools' if not eager else ''}: planning/lifecycle.py engine_workspace_bytes)"
+    )
 
 
 def _span(devices: list[int]) -> str:

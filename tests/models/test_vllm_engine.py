@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -206,6 +207,30 @@ def _torch_threads(worker) -> int:
     return torch.get_num_threads()
 
 
+def test_the_engine_reports_what_vllm_holds(engine, tiny_model_dir):
+    """vLLM's own account after start (``memory_report``), which the driver prints beside the plan's budget:
+    on CPU the KV cache is VLLM_CPU_KVCACHE_SPACE (1 GiB, common/env.py's default), its blocks times the
+    block bytes of the tiny model (2 layers x K and V x 1 kv head x 64 x 4 B = 1 KiB a token), and the weights
+    at least the model's float32 parameters."""
+    import json
+
+    from runtime.driver import engine_memory_line
+
+    report = engine.memory_report()
+    config = json.loads((Path(tiny_model_dir) / "config.json").read_text())
+    head_dim = config["hidden_size"] // config["num_attention_heads"]
+    token_bytes = config["num_hidden_layers"] * 2 * config["num_key_value_heads"] * head_dim * 4
+    assert token_bytes == 1024
+    assert report["kv_cache_bytes"] == report["num_blocks"] * report["block_size"] * token_bytes
+    assert report["kv_cache_bytes"] == float(os.environ.get("VLLM_CPU_KVCACHE_SPACE", 1)) * 2**30
+    model = engine.llm.llm_engine.model_executor.driver_worker.worker.model_runner.get_model()
+    assert report["weights_bytes"] >= sum(p.numel() for p in model.parameters()) * 4 > 0
+    assert report["enforce_eager"] is True and report["max_num_batched_tokens"] == 2**18
+    line = engine_memory_line(0, report, {})
+    print(line)
+    assert line.startswith("[engine] device 0: vLLM KV cache 1.000 GiB (") and "planned KV 0.000 GiB" in line
+
+
 def test_a_cpu_engine_drops_its_configuration_notices_and_keeps_other_lines(engine):
     """A started CPU engine (it generates: the tests above) has vLLM's handlers drop the start-up lines that only
     restate realm's CPU settings (models/vllm_engine.py, CPU_START_NOTICES) and pass everything else,
@@ -322,6 +347,13 @@ def test_llm_arguments_on_cpu_and_gpu(tmp_path):
     gpu = llm_arguments(tmp_path / "m", tmp_path / "t", on_gpu=True, llm_kwargs={"enforce_eager": True}, **common)
     assert gpu["gpu_memory_utilization"] == 0.5 and gpu["enforce_eager"] is True  # the caller's kwargs win
     assert "max_num_batched_tokens" not in gpu
+    # The plan's batch limits (planning.lifecycle.engine_batch_limits): as they are on a GPU; on CPU the
+    # sequences, and a token budget that keeps every prefill in one step (a split one breaks seeded requests).
+    limits = {"max_num_seqs": 64, "max_num_batched_tokens": 8192}
+    gpu = llm_arguments(tmp_path / "m", tmp_path / "t", on_gpu=True, llm_kwargs=limits, **common)
+    assert (gpu["max_num_seqs"], gpu["max_num_batched_tokens"]) == (64, 8192)
+    cpu = llm_arguments(tmp_path / "m", tmp_path / "t", on_gpu=False, llm_kwargs=limits, **common)
+    assert (cpu["max_num_seqs"], cpu["max_num_batched_tokens"]) == (64, 2**18)
 
 
 def test_cpu_kv_cache_sets_whole_gib_or_bytes_and_restores(monkeypatch):

@@ -13,11 +13,13 @@ from planning.estimator import Workload, evaluator, hardware, memory_lifecycle
 from planning.execution_plan import CallAllocation, ExecutionPlan
 from planning.lifecycle import (
     CUDA_CONTEXT_BYTES,
-    ENGINE_WORKSPACE_BYTES,
+    GRAPH_POOL_OVERHEAD_BYTES,
     Inputs,
     Kind,
     Phase,
     activation_bytes,
+    engine_batch_limits,
+    engine_workspace_bytes,
     engines_sleep,
     kv_cache_bytes,
 )
@@ -63,7 +65,12 @@ def test_a_colocated_plan_by_hand():
     # group of two devices here is (0, 1), the world too (the engine, tp1 pp1, has none).
     assert device_communicators(plan.calls, 0) == 1 and engine_communicators(plan.calls["actor_gen"]) == 0
     contexts = 2 * CUDA_CONTEXT_BYTES + NCCL_STATE_BYTES + COMMUNICATOR_BYTES
-    assert life.bytes(0, Phase.generate) == pytest.approx(state + 2 * n + kv + ENGINE_WORKSPACE_BYTES + contexts)
+    # The engine's working memory at its batch limits: the wave's 4 sequences and 4 x 256 = 1024 tokens a step.
+    assert life.engine_batch == engine_batch_limits(plan.calls["actor_gen"], x) == (4, 1024)
+    workspace = engine_workspace_bytes(SPEC, 4, 1024, 2, eager=True)
+    assert workspace == 1024 * 66_048 + 4 * SPEC.vocab_size * (2 + 4 * 4)  # engine_workspace_bytes's example shape
+    assert life.engine_budget(0)[Kind.activations] == workspace
+    assert life.bytes(0, Phase.generate) == pytest.approx(state + 2 * n + kv + workspace + contexts)
     # The two trainings run one after the other here: each call's activations and its own model's gradients.
     train = max(activation_bytes(c, SPEC, plan.calls[c], x) + 4 * n / 2 for c in ("actor_train", "critic_train"))
     assert life.bytes(0, Phase.train) == pytest.approx(state + train + contexts)
@@ -101,6 +108,65 @@ def test_a_colocated_plan_by_hand():
     assert realloc[("engine", Kind.weights)] == "device" and ("engine", Kind.kv_cache) not in realloc
     budget = life.engine_budget(1)
     assert budget[Kind.weights] == pytest.approx(2 * n) and budget[Kind.kv_cache] == pytest.approx(kv)
+
+
+def test_engine_batch_limits_follow_the_wave_within_vllms_rules():
+    """max_num_seqs: the sequences the KV cache holds (a wave per stage in flight); max_num_batched_tokens:
+    verl's 8192-token chunk, at least max_num_seqs and max_model_len, at most max_num_seqs x max_model_len
+    (vLLM 0.32 config/scheduler.py)."""
+
+    def limits(batch: int, prompt: int, gen: int, **alloc) -> tuple[int, int]:
+        x = Inputs({"actor": SPEC}, batch, prompt, gen, 2, gpu=True)
+        return engine_batch_limits(CallAllocation(tuple(range(alloc.pop("n", 1))), **alloc), x)
+
+    assert limits(512, 1024, 1024, n=4, dp=4, num_microbatches=2) == (64, 8192)  # a wave of 512 / (4 x 2)
+    assert limits(16, 256, 48) == (16, 4864)  # 16 x 304 tokens is all a step could hold
+    assert limits(512, 1024, 1024, n=4, dp=2, pp=2, num_microbatches=4) == (128, 8192)  # 2 stages in flight
+    assert limits(2, 12_000, 4000) == (2, 16_000)  # one whole prompt + response per step
+    assert limits(20_000, 16, 16) == (20_000, 20_000)  # never below max_num_seqs
+    assert limits(10, 256, 48, n=4, dp=4) == (3, 912)  # ceil(10 / 4) sequences
+
+
+def test_engine_workspace_of_a_qwen2_1_5b_shape_by_hand():
+    """engine_workspace_bytes's worked example, a Qwen2-1.5B shape in bf16 at 256 sequences and 8192 tokens a
+    step: 66,048 B of one layer's activations a token, the sampler's float32 logits 256 x 151,936 x 4 B =
+    148.4 MiB (four such copies and the bf16 logits), and with CUDA graphs a 512-token pool and 256 MiB."""
+    assert (SPEC.hidden_size, SPEC.intermediate_size, SPEC.num_heads, SPEC.num_kv_heads, SPEC.head_dim) == (
+        1536,
+        8960,
+        12,
+        2,
+        128,
+    )
+    assert SPEC.vocab_size == 151_936
+    logits_fp32 = 256 * 151_936 * 4
+    assert logits_fp32 / 2**20 == pytest.approx(148.375)
+    per_token = 2 * (2 * 1536 + (2 * 1536 + 3 * 8960))  # the MLP block is the fuller one
+    assert per_token == 66_048
+    eager = engine_workspace_bytes(SPEC, 256, 8192, 2, eager=True)
+    assert eager == 8192 * per_token + 4 * logits_fp32 + 256 * 151_936 * 2
+    assert eager / GIB == pytest.approx(1.156, abs=5e-4)
+    graphs = engine_workspace_bytes(SPEC, 256, 8192, 2, eager=False)
+    assert graphs - eager == 512 * per_token + GRAPH_POOL_OVERHEAD_BYTES
+    assert graphs / GIB == pytest.approx(1.437, abs=5e-4)
+    # vLLM's H100 defaults, 1024 sequences and 16,384 tokens a step, would need 3.616 GiB eager.
+    assert engine_workspace_bytes(SPEC, 1024, 16_384, 2, eager=True) / GIB == pytest.approx(3.616, abs=5e-4)
+    # Under TP 2 each rank holds half the attention heads and half the intermediate; the sampler's full vocabulary.
+    tp2 = engine_workspace_bytes(SPEC, 256, 8192, 2, eager=True, tp=2)
+    assert eager - tp2 == 8192 * 2 * (3 * 8960 / 2)
+
+
+def test_graph_pools_are_priced_only_without_enforce_eager():
+    """rollout.enforce_eager (default true) prices no graph pool; false adds it to the generate phase of every
+    generation device and nowhere else."""
+    plan, hw = _plan(offload=True), hardware("h100", 1, 2)
+    eager = memory_lifecycle(plan, _workload(), hw)
+    graphs = memory_lifecycle(
+        plan, Workload(SPEC, SPEC, None, batch=8, prompt_len=96, gen_len=160, engine_eager=False), hw
+    )
+    pool = min(2 * 4, 512, 1024) * 66_048 + GRAPH_POOL_OVERHEAD_BYTES
+    assert graphs.bytes(0, Phase.generate) - eager.bytes(0, Phase.generate) == pytest.approx(pool)
+    assert graphs.bytes(0, Phase.train) == eager.bytes(0, Phase.train)
 
 
 def test_on_cpu_the_engine_never_sleeps_and_a_resident_reference_stays():

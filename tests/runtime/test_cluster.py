@@ -368,6 +368,9 @@ def test_three_plans_train_the_same_on_a_simulated_two_node_cluster(
         )
     for name, rows in runs.items():
         _check_run(name, tmp_path / name, rows)
+        # Each engine rank printed vLLM's own memory account beside the plan's (runtime.driver.engine_memory_line).
+        engines = [line for line in stdout[name].splitlines() if line.startswith("[engine] device ")]
+        assert engines and all("vLLM KV cache" in line and "planned KV" in line for line in engines), name
     disjoint, tp = runs["disjoint"], runs["tp"]
     # 2 replicas beside 4 FSDP shards: each replica holds a quarter and receives the other three.
     assert all(r["realloc/actor/bytes_moved"] > 0 and r["realloc/critic/bytes_moved"] > 0 for r in disjoint[1:])

@@ -286,3 +286,46 @@ def test_a_cuda_ipc_handle_is_rebuilt_on_the_engines_own_device_index():
 
     _received((rebuild_cuda_tensor, (None,) * 6 + (3,) + (None,) * 8), device_index=0)
     assert seen[0][CUDA_IPC_DEVICE_ARG] == 0
+
+
+def test_engines_start_with_the_plans_memory_and_batch_limits_and_report_beside_them():
+    """Each engine gets the lifecycle's KV cache and batch limits (4 sequences a wave, 4 x 16 = 64 tokens a
+    step here), on a GPU with a utilization covering its whole budget; its start-up line puts what vLLM reports
+    beside that budget. The GPU report below is written by hand in the shape ``VLLMEngine.memory_report`` gives."""
+    from planning.lifecycle import Kind
+    from runtime.driver import engine_memory_kwargs, engine_memory_line
+
+    both = (0, 1)
+    calls = {
+        c: CallAllocation(both, dp=2) for c in ("actor_gen", "ref_inf", "critic_inf", "actor_train", "critic_train")
+    }
+    spec = named_spec("qwen2.5-math-1.5b")
+    life = memory_lifecycle(calls, Inputs({"actor": spec, "critic": spec, "ref": spec}, 8, 8, 8, 2, gpu=True), 80e9)
+    assert life.engine_batch == (4, 64)
+    budget = life.engine_budget(0)
+    gpu = engine_memory_kwargs(life, 0, on_gpu=True)
+    assert (gpu["max_num_seqs"], gpu["max_num_batched_tokens"]) == (4, 64)
+    assert gpu["kv_cache_memory_bytes"] == int(budget[Kind.kv_cache])
+    assert gpu["gpu_memory_utilization"] * 80e9 >= sum(budget.values())
+    cpu = engine_memory_kwargs(life, 0, on_gpu=False)
+    assert cpu == {"kv_cache_gib": int(budget[Kind.kv_cache]) / 2**30, "max_num_seqs": 4, "max_num_batched_tokens": 64}
+    gib = 2**30
+    report = {
+        "kv_cache_bytes": gib // 2,
+        "num_blocks": 1024,
+        "block_size": 16,
+        "weights_bytes": 3 * gib,
+        "max_num_seqs": 4,
+        "max_num_batched_tokens": 64,
+        "enforce_eager": True,
+        "cuda_allocated_bytes": 4 * gib,
+        "cuda_reserved_bytes": 5 * gib,
+        "cuda_free_bytes": 70 * gib,
+        "cuda_total_bytes": 80 * gib,
+    }
+    line = engine_memory_line(0, report, {Kind.kv_cache: gib / 4, Kind.weights: 3 * gib, Kind.activations: gib})
+    assert line == (
+        "[engine] device 0: vLLM KV cache 0.500 GiB (1024 blocks of 16), weights 3.000 GiB, batch 4 seqs / 64 tokens, "
+        "eager; planned KV 0.250 GiB, weights 3.000 GiB, workspace 1.000 GiB; cuda allocated 4.0 GiB, reserved "
+        "5.0 GiB, free 70.0 of 80.0 GiB"
+    )
