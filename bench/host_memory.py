@@ -127,6 +127,7 @@ class LocalPool:
         self.devices, self.num_threads = devices, num_threads
         self.reports: list[dict[str, Any]] = []
         self.skipped: list[str] = []
+        self._not_started: set[str] = set()
         self._ctx = mp.get_context("spawn")
         self._procs: list[Any] = []
         self._done = self._ctx.Event()
@@ -158,6 +159,21 @@ class LocalPool:
 
     def add_companions(self, name: str, devices: Any, cls: type, kwargs: Any) -> None:
         self.skipped.append(f"{name} on devices {list(devices)} ({cls.__name__}): not started")
+        self._not_started.add(name)
+
+    def submit(self, device: int, method: str, *args: Any, companion: str | None = None, **kwargs: Any) -> None:
+        """A call to a companion that was not started is no call (its future is ``None``); the bench runs
+        no call on a device process."""
+        if companion in self._not_started:
+            return None
+        raise NotImplementedError("the bench builds the device processes only; it runs no call")
+
+    def wait(self, futures: Any) -> list[Any]:
+        """Nothing for futures of companions that were not started (so the driver prints no engine's
+        memory: there is none)."""
+        if any(f is not None for f in futures):
+            raise NotImplementedError("the bench builds the device processes only; it runs no call")
+        return []
 
     def wait_any(self, futures: Any) -> Any:
         raise NotImplementedError("the bench builds the device processes only; it runs no call")
