@@ -283,15 +283,16 @@ def test_builtin_reward_models_train_on_first_use_and_beat_a_constant(path):
     model_dir = ensure_builtin(path)
     assert ensure_builtin(path) == model_dir and (model_dir / "COMPLETE").exists()
     metrics = json.loads((model_dir / "realm_rm.json").read_text())["metrics"]
-    # Thresholds below the spread over training seeds measured before (PRM step AUC 0.80-0.85, lowest-step
-    # final-answer AUC 0.71-0.78; ORM at 2,800 steps final-answer AUC 0.81-0.90 over seeds 0-2), so a different CPU's
-    # float reductions pass too.
+    # Thresholds below the spread over training seeds measured (PRM step AUC 0.80-0.85, lowest-step
+    # final-answer AUC 0.71-0.78; ORM at 2,800 steps final-answer AUC 0.71, 0.85, 0.77 for seeds 0, 1, 2 with
+    # torch 2.13 on an AVX-512 EPYC: `python -m rewards.train_rm kind=orm seed=S`), so a different CPU's float
+    # reductions pass too. The built-in is seed 0, the lowest of the three.
     assert metrics["final_auc"] > 0.55
     if path.endswith("prm"):
         assert metrics["step_auc"] > 0.75 and metrics["step_accuracy"] > metrics["step_majority_baseline"] + 0.05
         assert metrics["final_min_auc"] > 0.65
     else:
-        assert metrics["final_auc"] > 0.75
+        assert metrics["final_auc"] > 0.65
 
 
 def test_auc_worked_example():
