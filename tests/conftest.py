@@ -52,6 +52,52 @@ def _equivalence_marker(request):
         pytest.fail(f"{request.node.nodeid} compares with tests/tolerance.py: mark it @pytest.mark.equivalence")
 
 
+def pytest_collection_finish(session):
+    """The built-in reward models the selected tests use (``builtin_reward_models`` marks) are trained
+    side by side before the first test, each in a process of its own on one thread, instead of one after
+    the other when a test first asks (on 2 cores the ORM's 10 minutes then hide the PRM's 5). Only into
+    an explicit $REALM_CACHE_DIR (scripts/run_tests.sh sets one); what is cached already is not trained."""
+    cache = os.environ.get("REALM_CACHE_DIR")
+    kinds = sorted({k for item in session.items for m in item.iter_markers("builtin_reward_models") for k in m.args})
+    if not cache or not kinds:
+        return
+    import subprocess
+    import time
+    from pathlib import Path
+
+    from common.files import is_complete
+    from rewards.rm_config import builtin_config, default_output_dir
+
+    todo = [f"builtin:synthetic-{k}" for k in kinds]
+    todo = [path for path in todo if not is_complete(default_output_dir(builtin_config(path)))]
+    if not todo:
+        return
+    report = session.config.pluginmanager.get_plugin("terminalreporter")
+    logs = {path: Path(cache) / f"train-{path.split(':')[1]}.log" for path in todo}
+    report.write_line(
+        f"[tests] training {', '.join(todo)} side by side first: logs {', '.join(map(str, logs.values()))}"
+    )
+    root, started = Path(__file__).resolve().parents[1], time.time()
+    code = "import sys; from rewards.train_rm import ensure_builtin; ensure_builtin(sys.argv[1])"
+    procs = {}
+    for path, log in logs.items():
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("w") as out:
+            procs[path] = subprocess.Popen(
+                [sys.executable, "-c", code, path], cwd=root, stdout=out, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONPATH": str(root)},
+            )  # fmt: skip
+    try:
+        failed = [path for path, proc in procs.items() if proc.wait() != 0]
+    finally:  # an interrupted session leaves no training behind
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+    if failed:  # the tests that use them train them again, and fail there with the whole traceback
+        report.write_line(f"[tests] training {', '.join(failed)} failed: see {', '.join(str(logs[p]) for p in failed)}")
+    report.write_line(f"[tests] built-in reward models trained in {time.time() - started:.0f} s")
+
+
 def leave_process_group() -> None:
     """End a spawned rank: a barrier, then destroy the group. A rank that tears down gloo while a peer is
     still finishing its last collective can abort that peer ('terminate called without an active

@@ -21,6 +21,7 @@ TINY = (
 
 
 @pytest.mark.slow
+@pytest.mark.builtin_reward_models("prm", "orm")
 def test_tiny_sweep_trains_evaluates_and_tabulates_six_reward_options(tmp_path):
     env = dict(
         os.environ,

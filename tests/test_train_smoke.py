@@ -39,6 +39,7 @@ def _last_line(proc: subprocess.CompletedProcess) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.builtin_reward_models("prm")
 def test_resume_continues_from_the_last_checkpoint(tmp_path):
     """Clip with a calibrated eta: the resumed run keeps the eta the first rollouts chose, and its
     metrics up to the checkpoint are the first run's bit for bit (one machine runs the same sums in the
@@ -77,6 +78,7 @@ def _untimed(rows: list[dict]) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.builtin_reward_models("prm")
 def test_two_runs_with_one_seed_give_the_same_metrics(tmp_path):
     """What docs/default_run.md's determinism statement rests on: on one machine, the same command twice (PRM
     reward, so the reward model's scores are in it too) writes the same numbers, timings aside, bit for bit
@@ -105,6 +107,7 @@ RUN_KEYS = (
 
 
 @pytest.mark.slow
+@pytest.mark.builtin_reward_models("prm", "orm")
 def test_mini_repro_sweep_trains_every_reward_option_two_iterations(tmp_path):
     """The mini reproduction's multirun: every reward option trains 2 iterations (held-out success before,
     each iteration's metrics, curves, samples, a complete checkpoint), then the summary table and plot.

@@ -271,6 +271,7 @@ def test_cli_trains_into_output_dir(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.builtin_reward_models("prm", "orm")
 @pytest.mark.parametrize("path", ["builtin:synthetic-prm", "builtin:synthetic-orm"])
 def test_builtin_reward_models_train_on_first_use_and_beat_a_constant(path):
     """The real built-ins (minutes each): trained once into the cache, then reused.

@@ -41,6 +41,7 @@ def test_dr_grpo_trains_without_a_critic_or_a_reference(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.builtin_reward_models("prm")
 @pytest.mark.parametrize("algorithm", ["grpo", "rloo", "reinforce_pp"])
 def test_every_critic_free_algorithm_trains_and_resumes(algorithm, tmp_path):
     """Two iterations with PRM Clip-Delta rewards (process rewards in the estimator); GRPO then runs one more

@@ -68,6 +68,7 @@ def test_a_function_that_fails_mid_run_stops_it_with_one_line_and_keeps_the_chec
 
 
 @pytest.mark.slow
+@pytest.mark.builtin_reward_models("prm")
 @pytest.mark.parametrize("algorithm", ["ppo", "grpo"])
 def test_outcome_and_per_step_functions_train_with_every_algorithm(algorithm, tmp_path):
     for name, reward in (("boxed_format", "success"), ("step_brevity", "prm_clip_delta")):
